@@ -1,0 +1,84 @@
+"""computehal: one low-level compute interface over CPU, OpenCL, wgpu and CUDA.
+
+Importing the package is cheap and touches no device; backends load on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .backend import ComputeBackend, ForwardingBackend
+from .errors import (
+    BackendError,
+    DeviceError,
+    InvalidArgumentError,
+    NotInitializedError,
+    OutOfMemoryError,
+    UnsupportedError,
+)
+from .types import (
+    BackendTranspose,
+    BinaryOp,
+    Capabilities,
+    DeviceInfo,
+    MemoryKind,
+    MixedPrecision,
+    OpClass,
+    ReduceOp,
+    TileShape,
+    UnaryOp,
+    default_tile_for,
+    round_to_bf16,
+    round_to_f16,
+)
+
+if TYPE_CHECKING:
+    from .backends.cpu import CpuBackend
+    from .backends.null import NullBackend
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__",
+    "ComputeBackend",
+    "ForwardingBackend",
+    "CpuBackend",
+    "NullBackend",
+    "BackendError",
+    "DeviceError",
+    "InvalidArgumentError",
+    "NotInitializedError",
+    "OutOfMemoryError",
+    "UnsupportedError",
+    "BackendTranspose",
+    "BinaryOp",
+    "Capabilities",
+    "DeviceInfo",
+    "MemoryKind",
+    "MixedPrecision",
+    "OpClass",
+    "ReduceOp",
+    "TileShape",
+    "UnaryOp",
+    "default_tile_for",
+    "round_to_bf16",
+    "round_to_f16",
+]
+
+# Backend classes are imported on first attribute access so that importing
+# computehal stays cheap (no SciPy, no GPU runtime).
+_LAZY = {
+    "CpuBackend": ("computehal.backends.cpu", "CpuBackend"),
+    "NullBackend": ("computehal.backends.null", "NullBackend"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module_name, attribute = _LAZY[name]
+        value = getattr(importlib.import_module(module_name), attribute)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'computehal' has no attribute {name!r}")

@@ -1,0 +1,737 @@
+"""CpuBackend: the exact reference backend on the host, built on NumPy and SciPy's BLAS.
+
+Pointers are real host addresses of 64-byte-aligned NumPy byte buffers. GEMMs call
+BLAS directly on the caller's memory with the caller's leading dimensions (no
+operand copies); convolutions are im2col + GEMM; attention is tiled with an online
+softmax; memory-bound operations split across a small thread pool (NumPy ufuncs
+release the GIL) so they use every core.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .. import validation as v
+from ..errors import OutOfMemoryError
+from ..memory import ALIGNMENT, Allocation, Region
+from ..types import (
+    BinaryOp,
+    Capabilities,
+    DeviceInfo,
+    MemoryKind,
+    MixedPrecision,
+    ReduceOp,
+    UnaryOp,
+)
+from ._base import TableBackend, guarded
+from ._blas import gemm_at
+
+__all__ = ["CpuBackend"]
+
+F32 = np.dtype(np.float32)
+FloatArray = npt.NDArray[np.floating[Any]]
+
+#: Element-wise problems below this many elements run on the calling thread.
+PARALLEL_THRESHOLD = 1 << 16
+
+_OPS = frozenset(
+    {
+        "gemm",
+        "batched_gemm",
+        "gemm_mixed_precision",
+        "conv2d_forward",
+        "conv2d_backward_data",
+        "conv2d_backward_filter",
+        "attention",
+        "reduce",
+        "softmax",
+        "unary",
+        "binary",
+        "gather",
+        "scatter",
+    }
+)
+
+_pool: ThreadPoolExecutor | None = None
+
+
+def _workers() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+def _thread_pool() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=_workers(), thread_name_prefix="computehal-cpu")
+    return _pool
+
+
+def _parallel_ranges(total: int, fn: Callable[[int, int], None], grain: int = PARALLEL_THRESHOLD) -> None:
+    """Run ``fn(start, stop)`` over ``[0, total)`` split across the worker threads."""
+    parts = min(_workers(), max(1, total // grain))
+    if parts <= 1:
+        fn(0, total)
+        return
+    bounds = [total * i // parts for i in range(parts + 1)]
+    futures = [_thread_pool().submit(fn, bounds[i], bounds[i + 1]) for i in range(1, parts)]
+    fn(bounds[0], bounds[1])
+    for future in futures:
+        future.result()
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "host CPU"
+
+
+def _memory_bytes() -> tuple[int, int]:
+    """(total, available) physical memory in bytes, where the OS reports it."""
+    try:
+        page = os.sysconf("SC_PAGE_SIZE")
+        return os.sysconf("SC_PHYS_PAGES") * page, os.sysconf("SC_AVPHYS_PAGES") * page
+    except (ValueError, OSError, AttributeError):
+        return 0, 0
+
+
+_UNARY: dict[UnaryOp, Callable[[FloatArray, FloatArray], object]] = {
+    UnaryOp.RELU: lambda x, out: np.fmax(x, np.float32(0), out=out),
+    UnaryOp.TANH: lambda x, out: np.tanh(x, out=out),
+    UnaryOp.EXP: lambda x, out: np.exp(x, out=out),
+    UnaryOp.LOG: lambda x, out: np.log(x, out=out),
+    UnaryOp.SQRT: lambda x, out: np.sqrt(x, out=out),
+    UnaryOp.ABS: lambda x, out: np.abs(x, out=out),
+    UnaryOp.NEG: lambda x, out: np.negative(x, out=out),
+}
+
+
+def _sigmoid(x: FloatArray, out: FloatArray) -> None:
+    # 1 / (1 + exp(-x)): exp overflows to inf for very negative x, giving exactly 0.
+    np.negative(x, out=out)
+    np.exp(out, out=out)
+    np.add(out, np.float32(1), out=out)
+    np.reciprocal(out, out=out)
+
+
+_UNARY[UnaryOp.SIGMOID] = _sigmoid
+
+_BINARY: dict[BinaryOp, Callable[..., object]] = {
+    BinaryOp.ADD: np.add,
+    BinaryOp.SUB: np.subtract,
+    BinaryOp.MUL: np.multiply,
+    BinaryOp.DIV: np.divide,
+    BinaryOp.MAX: np.fmax,
+    BinaryOp.MIN: np.fmin,
+}
+
+
+class CpuBackend(TableBackend):
+    """The host CPU: exact reference semantics at BLAS speed.
+
+    Parameters
+    ----------
+    attention_block : int, optional
+        Rows of queries and keys processed per attention tile (default 256 queries,
+        1024 keys); memory stays O(block * (block + head_dim)) per thread.
+    """
+
+    def __init__(self, *, attention_block_q: int = 256, attention_block_kv: int = 1024) -> None:
+        super().__init__()
+        self._block_q = attention_block_q
+        self._block_kv = attention_block_kv
+
+    # ------------------------------------------------------------------ identity
+
+    def name(self) -> str:
+        return "cpu"
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(native_ops=_OPS)
+
+    def available_devices(self) -> list[DeviceInfo]:
+        total, _ = _memory_bytes()
+        return [
+            DeviceInfo(
+                ordinal=0,
+                name=_cpu_name(),
+                compute_capability=(0, 0),
+                total_memory_bytes=total,
+                memory_kind=MemoryKind.HOST,
+                capabilities=self.capabilities(),
+            )
+        ]
+
+    def synchronize(self) -> None:
+        self._memory()  # everything runs synchronously; only the lifecycle is checked
+
+    # ------------------------------------------------------------------ memory hooks
+
+    def _allocate(self, nbytes: int) -> tuple[int, Any]:
+        try:
+            raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
+        except (MemoryError, ValueError):
+            raise OutOfMemoryError(nbytes, _memory_bytes()[1] or None) from None
+        shift = (-raw.ctypes.data) % ALIGNMENT
+        buffer = raw[shift : shift + nbytes]
+        return int(buffer.ctypes.data), buffer
+
+    def _release(self, allocation: Allocation) -> None:
+        allocation.payload = None  # the NumPy buffer is reclaimed with its last view
+
+    def _write(self, region: Region, data: memoryview) -> None:
+        self._bytes(region)[:] = np.frombuffer(data, dtype=np.uint8)
+
+    def _read(self, region: Region, out: memoryview) -> None:
+        np.frombuffer(out, dtype=np.uint8)[:] = self._bytes(region)
+
+    # ------------------------------------------------------------------ views
+
+    @staticmethod
+    def _bytes(region: Region) -> npt.NDArray[np.uint8]:
+        buffer: npt.NDArray[np.uint8] = region.payload
+        return buffer[region.offset : region.offset + region.nbytes]
+
+    @classmethod
+    def _array(cls, region: Region, shape: tuple[int, ...], dtype: Any = F32) -> FloatArray:
+        """A writable view of ``region`` as a C-contiguous array (the region was validated)."""
+        return cls._bytes(region).view(dtype).reshape(shape)
+
+    @classmethod
+    def _matrix(cls, region: Region, rows: int, cols: int, ld: int, dtype: np.dtype[Any]) -> FloatArray:
+        """A view of a column-major ``rows x cols`` matrix with leading dimension ``ld``."""
+        flat = cls._bytes(region).view(dtype)
+        return np.lib.stride_tricks.as_strided(
+            flat, shape=(rows, cols), strides=(dtype.itemsize, ld * dtype.itemsize), writeable=True
+        )
+
+    # ------------------------------------------------------------------ GEMM
+
+    @staticmethod
+    def _scale_c(p: v.GemmProblem, c_ptr: int) -> None:
+        """BLAS quick return for k == 0 or alpha == 0: C = beta * C (write-only if beta == 0)."""
+        gemm_at(p.dtype, False, False, p.m, p.n, 0, 0.0, c_ptr, max(1, p.m), c_ptr, 1, p.beta, c_ptr, p.ldc)
+
+    @staticmethod
+    def _run_gemm(p: v.GemmProblem, a: int, b: int, c: int) -> None:
+        if p.empty:
+            return
+        if p.product_skipped:
+            CpuBackend._scale_c(p, c)
+            return
+        gemm_at(p.dtype, p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, a, p.lda, b, p.ldb, p.beta, c, p.ldc)
+
+    @guarded
+    def gemm(
+        self,
+        trans_a: Any,
+        trans_b: Any,
+        m: int,
+        n: int,
+        k: int,
+        alpha: float,
+        a_ptr: int,
+        lda: int,
+        b_ptr: int,
+        ldb: int,
+        beta: float,
+        c_ptr: int,
+        ldc: int,
+        *,
+        dtype: Any = "float64",
+    ) -> None:
+        p = v.gemm_problem(
+            self._memory(), trans_a, trans_b, m, n, k, alpha, a_ptr, lda, b_ptr, ldb, beta, c_ptr, ldc, dtype
+        )
+        self._run_gemm(p, p.a.ptr, p.b.ptr, p.c.ptr)
+
+    @guarded
+    def batched_gemm(
+        self,
+        trans_a: Any,
+        trans_b: Any,
+        m: int,
+        n: int,
+        k: int,
+        alpha: float,
+        a_ptr: int,
+        lda: int,
+        stride_a: int,
+        b_ptr: int,
+        ldb: int,
+        stride_b: int,
+        beta: float,
+        c_ptr: int,
+        ldc: int,
+        stride_c: int,
+        batch_count: int,
+        *,
+        dtype: Any = "float32",
+    ) -> None:
+        p = v.batched_gemm_problem(
+            self._memory(),
+            trans_a,
+            trans_b,
+            m,
+            n,
+            k,
+            alpha,
+            a_ptr,
+            lda,
+            stride_a,
+            b_ptr,
+            ldb,
+            stride_b,
+            beta,
+            c_ptr,
+            ldc,
+            stride_c,
+            batch_count,
+            dtype,
+        )
+        if p.empty:
+            return
+        g = p.gemm
+        size = g.dtype.itemsize
+        for i in range(p.batch_count):
+            self._run_gemm(
+                g,
+                p.a.ptr + i * p.stride_a * size,
+                p.b.ptr + i * p.stride_b * size,
+                p.c.ptr + i * p.stride_c * size,
+            )
+
+    @guarded
+    def gemm_mixed_precision(
+        self,
+        prec: Any,
+        trans_a: Any,
+        trans_b: Any,
+        m: int,
+        n: int,
+        k: int,
+        alpha: float,
+        a_ptr: int,
+        lda: int,
+        b_ptr: int,
+        ldb: int,
+        beta: float,
+        c_ptr: int,
+        ldc: int,
+    ) -> None:
+        fmt = v.mixed_precision_format(prec)
+        p = v.gemm_problem(
+            self._memory(), trans_a, trans_b, m, n, k, alpha, a_ptr, lda, b_ptr, ldb, beta, c_ptr, ldc, F32
+        )
+        if p.empty or p.product_skipped:
+            self._run_gemm(p, p.a.ptr, p.b.ptr, p.c.ptr)
+            return
+        a = self._rounded(p.a, *p.a_shape, p.lda, fmt)
+        b = self._rounded(p.b, *p.b_shape, p.ldb, fmt)
+        gemm_at(
+            F32, p.trans_a, p.trans_b, p.m, p.n, p.k, np.float32(p.alpha).item(),
+            a.ctypes.data, a.shape[0], b.ctypes.data, b.shape[0],
+            np.float32(p.beta).item(), p.c.ptr, p.ldc,
+        )  # fmt: skip
+
+    def _rounded(self, region: Region, rows: int, cols: int, ld: int, fmt: MixedPrecision) -> FloatArray:
+        """A Fortran-ordered float32 copy of a stored matrix, rounded through ``fmt``."""
+        import ml_dtypes
+
+        narrow = np.float16 if fmt is MixedPrecision.F16 else ml_dtypes.bfloat16
+        stored = self._matrix(region, rows, cols, ld, F32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.asfortranarray(stored.astype(narrow, order="F").astype(F32, order="F"))
+
+    # ------------------------------------------------------------------ convolution
+
+    @staticmethod
+    def _padded(x: FloatArray, ph: int, pw: int) -> FloatArray:
+        if ph == 0 and pw == 0:
+            return x
+        n, c, h, w = x.shape
+        padded = np.zeros((n, c, h + 2 * ph, w + 2 * pw), dtype=F32)
+        padded[:, :, ph : ph + h, pw : pw + w] = x
+        return padded
+
+    @staticmethod
+    def _windows(p: v.ConvProblem, padded: FloatArray, r: int, s: int) -> FloatArray:
+        """The input positions filter tap (r, s) reads, shape [N, C, Oh, Ow]."""
+        return padded[:, :, r : r + p.sh * (p.oh - 1) + 1 : p.sh, s : s + p.sw * (p.ow - 1) + 1 : p.sw]
+
+    def _im2col(self, p: v.ConvProblem, x: FloatArray) -> FloatArray:
+        """Columns [N, C*Fh*Fw, Oh*Ow] such that output[n] = filter @ columns[n]."""
+        if p.fh == p.fw == p.sh == p.sw == 1 and p.ph == p.pw == 0:
+            return x.reshape(p.n, p.c, p.h * p.w)
+        padded = self._padded(x, p.ph, p.pw)
+        cols = np.empty((p.n, p.c, p.fh, p.fw, p.oh, p.ow), dtype=F32)
+
+        def fill(start: int, stop: int) -> None:
+            for r in range(p.fh):
+                for s in range(p.fw):
+                    cols[start:stop, :, r, s] = self._windows(p, padded[start:stop], r, s)
+
+        _parallel_ranges(p.n, fill, grain=1)
+        return cols.reshape(p.n, p.c * p.fh * p.fw, p.oh * p.ow)
+
+    @guarded
+    def conv2d_forward(
+        self,
+        input_ptr: int,
+        input_shape: Any,
+        filter_ptr: int,
+        filter_shape: Any,
+        output_ptr: int,
+        output_shape: Any,
+        stride: Any,
+        padding: Any,
+    ) -> None:
+        p = v.conv_problem(
+            self._memory(),
+            ("input_ptr", input_ptr, input_shape),
+            ("filter_ptr", filter_ptr, filter_shape),
+            ("output_ptr", output_ptr, output_shape),
+            stride,
+            padding,
+        )
+        if p.empty_output:
+            return
+        y = self._array(p.y, (p.n, p.k, p.oh * p.ow))
+        if p.c == 0:
+            y[...] = 0
+            return
+        x = self._array(p.x, (p.n, p.c, p.h, p.w))
+        f = self._array(p.f, (p.k, p.c * p.fh * p.fw))
+        cols = self._im2col(p, x)
+        if self.overlaps(p.y, p.x, p.f):
+            y[...] = np.matmul(f, cols)
+        else:
+            np.matmul(f, cols, out=y)
+
+    @staticmethod
+    def overlaps(out: Region, *inputs: Region) -> bool:
+        """True when ``out`` shares memory with any of ``inputs``."""
+        return any(out.overlaps(region) for region in inputs)
+
+    @guarded
+    def conv2d_backward_data(
+        self,
+        grad_output_ptr: int,
+        grad_output_shape: Any,
+        filter_ptr: int,
+        filter_shape: Any,
+        grad_input_ptr: int,
+        grad_input_shape: Any,
+        stride: Any,
+        padding: Any,
+    ) -> None:
+        p = v.conv_problem(
+            self._memory(),
+            ("grad_input_ptr", grad_input_ptr, grad_input_shape),
+            ("filter_ptr", filter_ptr, filter_shape),
+            ("grad_output_ptr", grad_output_ptr, grad_output_shape),
+            stride,
+            padding,
+        )
+        gx = self._array(p.x, (p.n, p.c, p.h, p.w))
+        if gx.size == 0:
+            return
+        if p.empty_output:
+            gx[...] = 0
+            return
+        gy = self._array(p.y, (p.n, p.k, p.oh * p.ow))
+        f = self._array(p.f, (p.k, p.c * p.fh * p.fw))
+        gcols = np.matmul(f.T, gy).reshape(p.n, p.c, p.fh, p.fw, p.oh, p.ow)
+        if p.fh == p.fw == p.sh == p.sw == 1 and p.ph == p.pw == 0:
+            gx[...] = gcols.reshape(gx.shape)
+            return
+        gpad = np.zeros((p.n, p.c, p.h + 2 * p.ph, p.w + 2 * p.pw), dtype=F32)
+
+        def accumulate(start: int, stop: int) -> None:
+            for r in range(p.fh):
+                for s in range(p.fw):
+                    self._windows(p, gpad[start:stop], r, s)[...] += gcols[start:stop, :, r, s]
+
+        _parallel_ranges(p.n, accumulate, grain=1)
+        gx[...] = gpad[:, :, p.ph : p.ph + p.h, p.pw : p.pw + p.w]
+
+    @guarded
+    def conv2d_backward_filter(
+        self,
+        input_ptr: int,
+        input_shape: Any,
+        grad_output_ptr: int,
+        grad_output_shape: Any,
+        grad_filter_ptr: int,
+        grad_filter_shape: Any,
+        stride: Any,
+        padding: Any,
+    ) -> None:
+        p = v.conv_problem(
+            self._memory(),
+            ("input_ptr", input_ptr, input_shape),
+            ("grad_filter_ptr", grad_filter_ptr, grad_filter_shape),
+            ("grad_output_ptr", grad_output_ptr, grad_output_shape),
+            stride,
+            padding,
+        )
+        gf = self._array(p.f, (p.k, p.c * p.fh * p.fw))
+        if gf.size == 0:
+            return
+        if p.empty_output:
+            gf[...] = 0
+            return
+        x = self._array(p.x, (p.n, p.c, p.h, p.w))
+        gy = self._array(p.y, (p.n, p.k, p.oh * p.ow))
+        cols = self._im2col(p, x)
+        crs, spatial = cols.shape[1], cols.shape[2]
+        # grad_filter (K x CRS, row-major) = sum_n gy[n] @ cols[n]^T; in column-major terms
+        # gf^T = cols[n] @ gy[n]^T, accumulated by BLAS with beta = 1 after the first image.
+        target = gf if not self.overlaps(p.f, p.x, p.y) else np.empty_like(gf)
+        for i in range(p.n):
+            gemm_at(
+                F32, True, False, crs, p.k, spatial, 1.0,
+                cols[i].ctypes.data, spatial, gy[i].ctypes.data, spatial,
+                0.0 if i == 0 else 1.0, target.ctypes.data, crs,
+            )  # fmt: skip
+        if target is not gf:
+            gf[...] = target
+
+    # ------------------------------------------------------------------ attention
+
+    @guarded
+    def attention(
+        self,
+        q_ptr: int,
+        k_ptr: int,
+        v_ptr: int,
+        o_ptr: int,
+        batch: int,
+        heads: int,
+        seq_q: int,
+        seq_kv: int,
+        head_dim: int,
+        scale: float,
+        causal: bool,
+    ) -> None:
+        p = v.attention_problem(
+            self._memory(), q_ptr, k_ptr, v_ptr, o_ptr, batch, heads, seq_q, seq_kv, head_dim, scale, causal
+        )
+        bh = p.batch * p.heads
+        q = self._array(p.q, (bh, p.seq_q, p.head_dim))
+        k = self._array(p.k, (bh, p.seq_kv, p.head_dim))
+        val = self._array(p.v, (bh, p.seq_kv, p.head_dim))
+        o = self._array(p.o, (bh, p.seq_q, p.head_dim))
+        aliased = self.overlaps(p.o, p.q, p.k, p.v)
+        target = np.empty_like(o) if aliased else o
+        tasks = [(h, i0) for h in range(bh) for i0 in range(0, p.seq_q, self._block_q)]
+
+        def run(start: int, stop: int) -> None:
+            for h, i0 in tasks[start:stop]:
+                self._attention_block(p, q[h], k[h], val[h], target[h], i0)
+
+        with _single_threaded_blas():
+            _parallel_ranges(len(tasks), run, grain=1)
+        if aliased:
+            o[...] = target
+
+    def _attention_block(
+        self, p: v.AttentionProblem, q: FloatArray, k: FloatArray, val: FloatArray, o: FloatArray, i0: int
+    ) -> None:
+        """Online-softmax attention for query rows [i0, i0 + block) of one head."""
+        i1 = min(i0 + self._block_q, p.seq_q)
+        rows = i1 - i0
+        scale = np.float32(p.scale)
+        qs = q[i0:i1] * scale
+        row_max = np.full(rows, -np.inf, dtype=F32)
+        row_sum = np.zeros(rows, dtype=F32)
+        acc = np.zeros((rows, p.head_dim), dtype=F32)
+        # Keys beyond the last one any row of this block may see are skipped entirely.
+        kv_end = p.seq_kv if not p.causal else max(0, min(p.seq_kv, i1 - 1 + p.causal_offset + 1))
+        query_index = np.arange(i0, i1)[:, None]
+        for j0 in range(0, kv_end, self._block_kv):
+            j1 = min(j0 + self._block_kv, kv_end)
+            scores = qs @ k[j0:j1].T
+            if p.causal and j1 - 1 > i0 + p.causal_offset:
+                hidden = np.arange(j0, j1)[None, :] > query_index + p.causal_offset
+                scores[hidden] = -np.inf
+            block_max = np.max(scores, axis=1)
+            new_max = np.maximum(row_max, block_max)
+            # Rows that have seen no key yet keep a finite reference so exp() gives 0.
+            safe_max = np.where(np.isneginf(new_max), np.float32(0), new_max)
+            np.subtract(scores, safe_max[:, None], out=scores)
+            np.exp(scores, out=scores)
+            correction = np.exp(row_max - safe_max)
+            row_sum *= correction
+            row_sum += scores.sum(axis=1)
+            acc *= correction[:, None]
+            acc += scores @ val[j0:j1]
+            row_max = new_max
+        with np.errstate(invalid="ignore", divide="ignore"):
+            np.divide(acc, row_sum[:, None], out=o[i0:i1], where=row_sum[:, None] > 0)
+        o[i0:i1][row_sum <= 0] = 0
+
+    # ------------------------------------------------------------------ reductions
+
+    @guarded
+    def reduce(self, op: Any, input_ptr: int, output_ptr: int, shape: Any, axis: int) -> None:
+        p = v.axis_problem(self._memory(), op, input_ptr, output_ptr, shape, axis)
+        out = self._array(p.output, (p.outer, p.inner))
+        if out.size == 0:
+            return
+        x = self._array(p.input, (p.outer, p.length, p.inner))
+        aliased = p.output.overlaps(p.input)
+        target = np.empty_like(out) if aliased else out
+
+        def run(start: int, stop: int) -> None:
+            self._reduce_rows(p, x[start:stop], target[start:stop])
+
+        if p.outer > 1:
+            _parallel_ranges(p.outer, run, grain=max(1, PARALLEL_THRESHOLD // max(1, p.length * p.inner)))
+        else:
+            # One outer slice: split the kept (inner) axis instead.
+            def run_inner(start: int, stop: int) -> None:
+                self._reduce_rows(p, x[:, :, start:stop], target[:, start:stop])
+
+            _parallel_ranges(p.inner, run_inner, grain=max(1, PARALLEL_THRESHOLD // max(1, p.length)))
+        if aliased:
+            out[...] = target
+
+    @staticmethod
+    def _reduce_rows(p: v.AxisProblem, x: FloatArray, out: FloatArray) -> None:
+        if p.op is ReduceOp.MAX:
+            np.fmax.reduce(x, axis=1, initial=-np.inf, out=out)
+        elif p.op is ReduceOp.MIN:
+            np.fmin.reduce(x, axis=1, initial=np.inf, out=out)
+        else:
+            np.add.reduce(x, axis=1, out=out)
+            if p.op is ReduceOp.MEAN and p.length:
+                np.divide(out, np.float32(p.length), out=out)
+
+    @guarded
+    def softmax(self, input_ptr: int, output_ptr: int, shape: Any, axis: int) -> None:
+        p = v.axis_problem(self._memory(), None, input_ptr, output_ptr, shape, axis)
+        if p.outer * p.length * p.inner == 0:
+            return
+        x = self._array(p.input, (p.outer, p.length, p.inner))
+        out = self._array(p.output, (p.outer, p.length, p.inner))
+        same = p.input.offset == p.output.offset and p.input.allocation is p.output.allocation
+        if p.output.overlaps(p.input) and not same:
+            x = x.copy()
+
+        def run(start: int, stop: int) -> None:
+            _softmax_slices(x[start:stop], out[start:stop])
+
+        def run_inner(start: int, stop: int) -> None:
+            _softmax_slices(x[:, :, start:stop], out[:, :, start:stop])
+
+        if p.outer > 1:
+            _parallel_ranges(p.outer, run, grain=max(1, PARALLEL_THRESHOLD // max(1, p.length * p.inner)))
+        else:
+            _parallel_ranges(p.inner, run_inner, grain=max(1, PARALLEL_THRESHOLD // max(1, p.length)))
+
+    # ------------------------------------------------------------------ element-wise
+
+    def _elementwise(self, p: v.ElementwiseProblem, apply: Callable[..., object]) -> None:
+        if p.n == 0:
+            return
+        operands = [self._array(p.a, (p.n,))]
+        if p.b is not None:
+            operands.append(self._array(p.b, (p.n,)))
+        out = self._array(p.out, (p.n,))
+        inputs = [p.a] if p.b is None else [p.a, p.b]
+        partial_overlap = any(p.out.overlaps(r) and r.offset != p.out.offset for r in inputs)
+        with np.errstate(all="ignore"):
+            if partial_overlap:
+                # NumPy resolves the overlap with a temporary; splitting would race.
+                apply(*operands, out=out)
+                return
+
+            def run(start: int, stop: int) -> None:
+                with np.errstate(all="ignore"):
+                    apply(*(x[start:stop] for x in operands), out=out[start:stop])
+
+            _parallel_ranges(p.n, run)
+
+    @guarded
+    def unary(self, op: Any, input_ptr: int, output_ptr: int, n: int) -> None:
+        p = v.unary_problem(self._memory(), op, input_ptr, output_ptr, n)
+        assert isinstance(p.op, UnaryOp)
+        fn = _UNARY[p.op]
+        self._elementwise(p, lambda x, out: fn(x, out))
+
+    @guarded
+    def binary(self, op: Any, a_ptr: int, b_ptr: int, output_ptr: int, n: int) -> None:
+        p = v.binary_problem(self._memory(), op, a_ptr, b_ptr, output_ptr, n)
+        assert isinstance(p.op, BinaryOp)
+        self._elementwise(p, _BINARY[p.op])
+
+    # ------------------------------------------------------------------ gather / scatter
+
+    @guarded
+    def gather(self, input_ptr: int, indices: Any, output_ptr: int, rows: int, cols: int) -> None:
+        p = v.gather_problem(self._memory(), input_ptr, indices, output_ptr, rows, cols)
+        if p.indices.size == 0 or p.cols == 0:
+            return
+        table = self._array(p.input, (p.rows, p.cols))
+        out = self._array(p.output, (p.indices.size, p.cols))
+        if p.output.overlaps(p.input):
+            table = table.copy()
+
+        def run(start: int, stop: int) -> None:
+            np.take(table, p.indices[start:stop], axis=0, out=out[start:stop])
+
+        _parallel_ranges(p.indices.size, run, grain=max(1, PARALLEL_THRESHOLD // p.cols))
+
+    @guarded
+    def scatter(self, input_ptr: int, indices: Any, output_ptr: int, rows: int, cols: int) -> None:
+        p = v.scatter_problem(self._memory(), input_ptr, indices, output_ptr, rows, cols)
+        if p.indices.size == 0 or p.cols == 0:
+            return
+        src = self._array(p.input, (p.indices.size, p.cols))
+        out = self._array(p.output, (p.rows, p.cols))
+        if p.output.overlaps(p.input):
+            src = src.copy()
+        destinations, sources = v.last_occurrences(p.indices)
+
+        def run(start: int, stop: int) -> None:
+            for lo in range(start, stop, 256):
+                hi = min(stop, lo + 256)
+                out[destinations[lo:hi]] = src[sources[lo:hi]]
+
+        _parallel_ranges(destinations.size, run, grain=max(1, PARALLEL_THRESHOLD // p.cols))
+
+
+def _softmax_slices(x: FloatArray, out: FloatArray) -> None:
+    """Softmax over axis 1 of [outer, length, inner] views; ``out`` may be ``x``."""
+    peak = np.fmax.reduce(x, axis=1, initial=-np.inf, keepdims=True)
+    with np.errstate(invalid="ignore", over="ignore"):
+        np.subtract(x, peak, out=out)
+        np.exp(out, out=out)
+        total = np.add.reduce(out, axis=1, keepdims=True)
+        np.divide(out, total, out=out)
+
+
+@contextmanager
+def _single_threaded_blas() -> Iterator[None]:
+    """Run BLAS single-threaded inside the block (our own threads split the work)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        yield
+        return
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
+

@@ -1,0 +1,266 @@
+"""Public value types: enums, capability records, tile shapes, 16-bit rounding."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TypeVar, overload
+
+import numpy as np
+import numpy.typing as npt
+
+from .errors import InvalidArgumentError
+
+__all__ = [
+    "BackendTranspose",
+    "ReduceOp",
+    "UnaryOp",
+    "BinaryOp",
+    "MixedPrecision",
+    "MemoryKind",
+    "OpClass",
+    "Capabilities",
+    "DeviceInfo",
+    "TileShape",
+    "default_tile_for",
+    "round_to_f16",
+    "round_to_bf16",
+    "coerce_enum",
+]
+
+
+class BackendTranspose(enum.Enum):
+    """How a GEMM operand is read: as stored, transposed, or conjugate-transposed.
+
+    For real data ``CONJ_TRANS`` is the same as ``TRANS``.
+    """
+
+    NO_TRANS = "N"
+    TRANS = "T"
+    CONJ_TRANS = "C"
+
+    @property
+    def is_transposed(self) -> bool:
+        """True for ``TRANS`` and ``CONJ_TRANS``."""
+        return self is not BackendTranspose.NO_TRANS
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class ReduceOp(enum.Enum):
+    """Reduction applied along one axis by :meth:`ComputeBackend.reduce`."""
+
+    SUM = "sum"
+    MAX = "max"
+    MIN = "min"
+    MEAN = "mean"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class UnaryOp(enum.Enum):
+    """Element-wise function applied by :meth:`ComputeBackend.unary`."""
+
+    RELU = "relu"
+    SIGMOID = "sigmoid"
+    TANH = "tanh"
+    EXP = "exp"
+    LOG = "log"
+    SQRT = "sqrt"
+    ABS = "abs"
+    NEG = "neg"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class BinaryOp(enum.Enum):
+    """Element-wise function of two operands applied by :meth:`ComputeBackend.binary`."""
+
+    ADD = "add"
+    SUB = "sub"
+    MUL = "mul"
+    DIV = "div"
+    MAX = "max"
+    MIN = "min"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class MixedPrecision(enum.Enum):
+    """16-bit storage format of the operands of a mixed-precision GEMM."""
+
+    F16 = "f16"
+    BF16 = "bf16"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class MemoryKind(enum.Enum):
+    """Where a device's memory lives, as seen from the host."""
+
+    DEVICE = "device"
+    HOST_PINNED = "host-pinned"
+    UNIFIED = "unified"
+    HOST = "host"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class OpClass(enum.Enum):
+    """Families of operations, used by :meth:`BackendRegistry.route`."""
+
+    MATMUL = "matmul"
+    CONVOLUTION = "convolution"
+    ATTENTION = "attention"
+    REDUCTION = "reduction"
+    ELEMENTWISE = "elementwise"
+    MEMORY = "memory"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+E = TypeVar("E", bound=enum.Enum)
+
+
+def coerce_enum(enum_type: type[E], value: object, argument: str) -> E:
+    """Return ``value`` as a member of ``enum_type``.
+
+    Accepts a member, its string value (``"N"``, ``"sum"``) or, case-insensitively,
+    its member name or value (``"no_trans"``, ``"SUM"``).
+
+    Raises
+    ------
+    InvalidArgumentError
+        If ``value`` names no member.
+    """
+    if isinstance(value, enum_type):
+        return value
+    if isinstance(value, str):
+        try:
+            return enum_type(value)
+        except ValueError:
+            pass
+        folded = value.strip().lower()
+        for member in enum_type:
+            if folded in (str(member.value).lower(), member.name.lower()):
+                return member
+    choices = ", ".join(repr(m.value) for m in enum_type)
+    raise InvalidArgumentError(
+        f"{argument} must be a {enum_type.__name__} or one of {choices}, got {value!r}"
+    )
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend's device can do.
+
+    Every field defaults to the conservative CPU profile (see :meth:`cpu`).
+    The extension fields ``supports_fp64`` and ``native_ops`` are additions of
+    computehal: whether float64 GEMM is possible at all, and the operations the
+    backend runs natively rather than through a default composition.
+    """
+
+    supports_fp16: bool = False
+    supports_bf16: bool = False
+    supports_fp8: bool = False
+    tensor_cores: bool = False
+    peer_access: bool = False
+    unified_memory: bool = True
+    cluster_launch: bool = False
+    async_copy: bool = False
+    max_threads_per_block: int = 1024
+    max_shared_mem_per_block: int = 49152
+    warp_size: int = 1
+    supports_fp64: bool = True
+    native_ops: frozenset[str] = field(default_factory=frozenset)
+
+    @classmethod
+    def cpu(cls) -> Capabilities:
+        """The conservative host-CPU profile: no 16-bit or tensor hardware, unified memory."""
+        return cls()
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """One device a backend exposes, in a backend-agnostic shape."""
+
+    ordinal: int
+    name: str
+    compute_capability: tuple[int, int] = (0, 0)
+    total_memory_bytes: int = 0
+    memory_kind: MemoryKind = MemoryKind.HOST
+    capabilities: Capabilities = field(default_factory=Capabilities.cpu)
+
+
+@dataclass(frozen=True)
+class TileShape:
+    """A GEMM tile: the block of C (tile_m x tile_n) and the k-step (tile_k)."""
+
+    tile_m: int
+    tile_n: int
+    tile_k: int
+
+
+def default_tile_for(m: int, n: int, k: int, caps: Capabilities) -> TileShape:
+    """The default GEMM tile heuristic of the original system.
+
+    With tensor cores and ``m``, ``n``, ``k`` all multiples of 16 the tile snaps to a
+    WMMA-aligned shape: 128x128x32 when ``min(m, n, k) >= 512``, else 64x64x16.
+    Otherwise 16x16x16 for ``min <= 64``, 64x64x16 for ``min <= 512``, else 128x128x8.
+    """
+    smallest = min(m, n, k)
+    if caps.tensor_cores and m % 16 == 0 and n % 16 == 0 and k % 16 == 0:
+        return TileShape(128, 128, 32) if smallest >= 512 else TileShape(64, 64, 16)
+    if smallest <= 64:
+        return TileShape(16, 16, 16)
+    if smallest <= 512:
+        return TileShape(64, 64, 16)
+    return TileShape(128, 128, 8)
+
+
+FloatLike = float | np.floating
+
+
+@overload
+def round_to_f16(x: float) -> float: ...
+@overload
+def round_to_f16(x: npt.ArrayLike) -> npt.NDArray[np.float32]: ...
+def round_to_f16(x: object) -> object:
+    """Round float32 value(s) through IEEE half precision and back.
+
+    Round-to-nearest-even; values beyond the f16 range become +-inf; NaN stays NaN.
+    A Python scalar gives a Python float, anything else a float32 NumPy array.
+    """
+    return _round_through(x, np.float16)
+
+
+@overload
+def round_to_bf16(x: float) -> float: ...
+@overload
+def round_to_bf16(x: npt.ArrayLike) -> npt.NDArray[np.float32]: ...
+def round_to_bf16(x: object) -> object:
+    """Round float32 value(s) through bfloat16 and back.
+
+    Round-to-nearest-even (via ml_dtypes); overflow goes to +-inf; NaN stays NaN.
+    A Python scalar gives a Python float, anything else a float32 NumPy array.
+    """
+    import ml_dtypes
+
+    return _round_through(x, ml_dtypes.bfloat16)
+
+
+def _round_through(x: object, narrow: object) -> object:
+    scalar = isinstance(x, (int, float))
+    with np.errstate(over="ignore", invalid="ignore"):
+        wide = np.asarray(x, dtype=np.float32)
+        out = wide.astype(narrow).astype(np.float32)
+    if scalar:
+        return float(out)
+    return out
