@@ -89,7 +89,7 @@ class ComputeBackend(abc.ABC):
     def is_initialized(self) -> bool:
         """True once :meth:`init` has succeeded."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook with a no-op default
         """Release what the backend still holds (live allocations, contexts).
 
         Called on leaving a ``with`` block. The default does nothing.
@@ -482,9 +482,7 @@ class ComputeBackend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def binary(
-        self, op: BinaryOp | str, a_ptr: int, b_ptr: int, output_ptr: int, n: int
-    ) -> None:
+    def binary(self, op: BinaryOp | str, a_ptr: int, b_ptr: int, output_ptr: int, n: int) -> None:
         """``output[i] = op(a[i], b[i])`` for ``n`` float32 elements.
 
         MAX / MIN ignore NaN (like ``fmax`` / ``fmin``); DIV is IEEE division
@@ -493,9 +491,7 @@ class ComputeBackend(abc.ABC):
 
     # ------------------------------------------------------------------ routing
 
-    def gather(
-        self, input_ptr: int, indices: Indices, output_ptr: int, rows: int, cols: int
-    ) -> None:
+    def gather(self, input_ptr: int, indices: Indices, output_ptr: int, rows: int, cols: int) -> None:
         """Row gather: ``output[i, :] = input[indices[i], :]``, float32.
 
         ``input`` is ``rows x cols``, ``output`` is ``len(indices) x cols``. Any index
@@ -504,9 +500,7 @@ class ComputeBackend(abc.ABC):
         """
         raise UnsupportedError(f"gather is not implemented by the {self.name()} backend")
 
-    def scatter(
-        self, input_ptr: int, indices: Indices, output_ptr: int, rows: int, cols: int
-    ) -> None:
+    def scatter(self, input_ptr: int, indices: Indices, output_ptr: int, rows: int, cols: int) -> None:
         """Row scatter: ``output[indices[i], :] = input[i, :]``, float32.
 
         ``input`` is ``len(indices) x cols``, ``output`` is ``rows x cols``. Rows not
@@ -527,9 +521,7 @@ class ComputeBackend(abc.ABC):
 
     def recommended_tile_for(self, m: int, n: int, k: int) -> TileShape:
         """A GEMM tile for an m x n x k problem, from :func:`~computehal.default_tile_for`."""
-        return default_tile_for(
-            as_count("m", m), as_count("n", n), as_count("k", k), self.capabilities()
-        )
+        return default_tile_for(as_count("m", m), as_count("n", n), as_count("k", k), self.capabilities())
 
 
 class ForwardingBackend(ComputeBackend):
@@ -579,43 +571,43 @@ class ForwardingBackend(ComputeBackend):
     def copy_dtoh(self, dst: Any, src: int) -> None:
         self.inner.copy_dtoh(dst, src)
 
-    def gemm(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def gemm(self, *args: Any, **kwargs: Any) -> None:
         self.inner.gemm(*args, **kwargs)
 
-    def batched_gemm(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def batched_gemm(self, *args: Any, **kwargs: Any) -> None:
         self.inner.batched_gemm(*args, **kwargs)
 
-    def gemm_mixed_precision(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def gemm_mixed_precision(self, *args: Any, **kwargs: Any) -> None:
         self.inner.gemm_mixed_precision(*args, **kwargs)
 
-    def conv2d_forward(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def conv2d_forward(self, *args: Any, **kwargs: Any) -> None:
         self.inner.conv2d_forward(*args, **kwargs)
 
-    def conv2d_backward_data(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def conv2d_backward_data(self, *args: Any, **kwargs: Any) -> None:
         self.inner.conv2d_backward_data(*args, **kwargs)
 
-    def conv2d_backward_filter(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def conv2d_backward_filter(self, *args: Any, **kwargs: Any) -> None:
         self.inner.conv2d_backward_filter(*args, **kwargs)
 
-    def attention(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def attention(self, *args: Any, **kwargs: Any) -> None:
         self.inner.attention(*args, **kwargs)
 
-    def reduce(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def reduce(self, *args: Any, **kwargs: Any) -> None:
         self.inner.reduce(*args, **kwargs)
 
-    def softmax(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def softmax(self, *args: Any, **kwargs: Any) -> None:
         self.inner.softmax(*args, **kwargs)
 
-    def unary(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def unary(self, *args: Any, **kwargs: Any) -> None:
         self.inner.unary(*args, **kwargs)
 
-    def binary(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def binary(self, *args: Any, **kwargs: Any) -> None:
         self.inner.binary(*args, **kwargs)
 
-    def gather(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def gather(self, *args: Any, **kwargs: Any) -> None:
         self.inner.gather(*args, **kwargs)
 
-    def scatter(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def scatter(self, *args: Any, **kwargs: Any) -> None:
         self.inner.scatter(*args, **kwargs)
 
     def __getattr__(self, attribute: str) -> Any:

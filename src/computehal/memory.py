@@ -52,9 +52,7 @@ def as_count(name: str, value: object) -> int:
     try:
         count = operator.index(value)  # type: ignore[call-overload]
     except TypeError:
-        raise InvalidArgumentError(
-            f"{name} must be an integer, got {type(value).__name__}"
-        ) from None
+        raise InvalidArgumentError(f"{name} must be an integer, got {type(value).__name__}") from None
     if count < 0:
         raise InvalidArgumentError(f"{name} must be >= 0, got {count}")
     if count > MAX_COUNT:
@@ -69,9 +67,7 @@ def as_pointer(name: str, value: object) -> int:
     try:
         ptr = operator.index(value)  # type: ignore[call-overload]
     except TypeError:
-        raise InvalidArgumentError(
-            f"{name} must be an integer pointer, got {type(value).__name__}"
-        ) from None
+        raise InvalidArgumentError(f"{name} must be an integer pointer, got {type(value).__name__}") from None
     if ptr == 0:
         raise InvalidArgumentError(f"{name} is a null pointer")
     if ptr < 0 or ptr >= 2**64:
@@ -141,13 +137,9 @@ class PointerTable:
         with self._lock:
             i = bisect.bisect_right(self._bases, allocation.base)
             if i > 0 and self._by_base[self._bases[i - 1]].end > allocation.base:
-                raise InvalidArgumentError(
-                    f"range at {allocation.base:#x} overlaps a live allocation"
-                )
+                raise InvalidArgumentError(f"range at {allocation.base:#x} overlaps a live allocation")
             if i < len(self._bases) and self._bases[i] < allocation.end:
-                raise InvalidArgumentError(
-                    f"range at {allocation.base:#x} overlaps a live allocation"
-                )
+                raise InvalidArgumentError(f"range at {allocation.base:#x} overlaps a live allocation")
             self._bases.insert(i, allocation.base)
             self._by_base[allocation.base] = allocation
 
@@ -171,8 +163,7 @@ class PointerTable:
                         f"allocation at {inner.base:#x}; only a base pointer can be freed"
                     )
                 raise InvalidArgumentError(
-                    f"{name} = {address:#x} is not a live allocation (never allocated or "
-                    "already freed)"
+                    f"{name} = {address:#x} is not a live allocation (never allocated or already freed)"
                 )
             self._bases.pop(bisect.bisect_left(self._bases, address))
             return allocation

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TypeVar, overload
+from typing import Any, TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -256,10 +256,13 @@ def round_to_bf16(x: object) -> object:
     return _round_through(x, ml_dtypes.bfloat16)
 
 
-def _round_through(x: object, narrow: object) -> object:
+def _round_through(x: object, narrow: type[Any]) -> object:
     scalar = isinstance(x, (int, float))
-    with np.errstate(over="ignore", invalid="ignore"):
+    try:
         wide = np.asarray(x, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"cannot round {type(x).__name__} values: {exc}") from None
+    with np.errstate(over="ignore", invalid="ignore"):
         out = wide.astype(narrow).astype(np.float32)
     if scalar:
         return float(out)

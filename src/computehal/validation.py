@@ -63,11 +63,9 @@ F64 = np.dtype(np.float64)
 def as_dtype(value: object, argument: str = "dtype") -> np.dtype[Any]:
     """Normalise a GEMM dtype: ``"float32"`` / ``"float64"`` or the NumPy dtypes."""
     try:
-        dtype = np.dtype(value)  # type: ignore[call-overload]
+        dtype: np.dtype[Any] = np.dtype(value)  # type: ignore[call-overload]
     except (TypeError, ValueError):
-        raise InvalidArgumentError(
-            f"{argument} must be 'float32' or 'float64', got {value!r}"
-        ) from None
+        raise InvalidArgumentError(f"{argument} must be 'float32' or 'float64', got {value!r}") from None
     if dtype not in (F32, F64):
         raise UnsupportedError(f"{argument} {dtype} (gemm supports float32 and float64)")
     return dtype
@@ -265,8 +263,10 @@ def batched_gemm_problem(
     ta, tb, mm, nn, kk, al, be, ilda, ildb, ildc = _gemm_common(
         table, trans_a, trans_b, m, n, k, alpha, lda, ldb, beta, ldc, a_ptr, b_ptr, c_ptr
     )
-    sa, sb, sc = as_count("stride_a", stride_a), as_count("stride_b", stride_b), as_count(
-        "stride_c", stride_c
+    sa, sb, sc = (
+        as_count("stride_a", stride_a),
+        as_count("stride_b", stride_b),
+        as_count("stride_c", stride_c),
     )
     count = as_count("batch_count", batch_count)
     size = dt.itemsize
@@ -594,17 +594,14 @@ def _indices(value: object, rows: int) -> npt.NDArray[np.int64]:
     else:
         if not isinstance(value, (Sequence, range)):
             raise InvalidArgumentError(
-                f"indices must be a sequence of integers or an integer array, got "
-                f"{type(value).__name__}"
+                f"indices must be a sequence of integers or an integer array, got {type(value).__name__}"
             )
         items = list(value)
         if not items:
             return np.zeros(0, dtype=np.int64)
         for i, item in enumerate(items):
             if isinstance(item, (bool, np.bool_)) or not isinstance(item, (int, np.integer)):
-                raise InvalidArgumentError(
-                    f"indices[{i}] must be an integer, got {type(item).__name__}"
-                )
+                raise InvalidArgumentError(f"indices[{i}] must be an integer, got {type(item).__name__}")
         try:
             arr = np.array(items, dtype=np.int64)
         except OverflowError:
@@ -683,5 +680,7 @@ def host_buffer(name: str, obj: object, writable: bool) -> memoryview:
     try:
         return view.cast("B")
     except TypeError:
-        # Views with an exotic format or zero-sized dims; go through NumPy's byte view.
-        return memoryview(np.frombuffer(view, dtype=np.uint8) if not writable else np.asarray(view).view(np.uint8).reshape(-1))
+        # Formats memoryview cannot cast (e.g. NumPy structured dtypes): reinterpret the
+        # same memory as bytes through NumPy, which understands every buffer format.
+        flat: memoryview = np.asarray(view).reshape(-1).view(np.uint8).data
+        return flat

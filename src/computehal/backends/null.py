@@ -47,41 +47,41 @@ class NullBackend(ComputeBackend):
     def copy_dtoh(self, dst: Any, src: int) -> None:
         _refuse("copy_dtoh")
 
-    def gemm(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def gemm(self, *args: Any, **kwargs: Any) -> None:
         _refuse("gemm")
 
-    def batched_gemm(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def batched_gemm(self, *args: Any, **kwargs: Any) -> None:
         _refuse("batched_gemm")
 
-    def gemm_mixed_precision(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def gemm_mixed_precision(self, *args: Any, **kwargs: Any) -> None:
         _refuse("gemm_mixed_precision")
 
-    def conv2d_forward(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def conv2d_forward(self, *args: Any, **kwargs: Any) -> None:
         _refuse("conv2d_forward")
 
-    def conv2d_backward_data(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def conv2d_backward_data(self, *args: Any, **kwargs: Any) -> None:
         _refuse("conv2d_backward_data")
 
-    def conv2d_backward_filter(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def conv2d_backward_filter(self, *args: Any, **kwargs: Any) -> None:
         _refuse("conv2d_backward_filter")
 
-    def attention(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def attention(self, *args: Any, **kwargs: Any) -> None:
         _refuse("attention")
 
-    def reduce(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def reduce(self, *args: Any, **kwargs: Any) -> None:
         _refuse("reduce")
 
-    def softmax(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def softmax(self, *args: Any, **kwargs: Any) -> None:
         _refuse("softmax")
 
-    def unary(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def unary(self, *args: Any, **kwargs: Any) -> None:
         _refuse("unary")
 
-    def binary(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def binary(self, *args: Any, **kwargs: Any) -> None:
         _refuse("binary")
 
-    def gather(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def gather(self, *args: Any, **kwargs: Any) -> None:
         _refuse("gather")
 
-    def scatter(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def scatter(self, *args: Any, **kwargs: Any) -> None:
         _refuse("scatter")
