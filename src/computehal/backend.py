@@ -8,6 +8,8 @@ Conventions shared by every method
 ----------------------------------
 * Pointers are plain ``int`` addresses returned by :meth:`ComputeBackend.alloc`, or
   interior pointers ``base + byte_offset`` into such an allocation. 0 is never valid.
+  Pointers to typed operands must be aligned to the element size (4 bytes for
+  float32, 8 for float64), as on every GPU runtime and BLAS.
 * Before touching memory every method checks each operand's byte range against the
   backend's live allocations and raises :class:`~computehal.InvalidArgumentError`
   naming the argument on any violation.

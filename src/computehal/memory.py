@@ -177,11 +177,12 @@ class PointerTable:
             return allocation
         return None
 
-    def resolve(self, name: str, ptr: object, nbytes: int) -> Region:
+    def resolve(self, name: str, ptr: object, nbytes: int, align: int = 1) -> Region:
         """Check that ``nbytes`` bytes at ``ptr`` lie inside one live allocation.
 
         A zero-byte range only needs ``ptr`` to point into (or one past the end of)
-        a live allocation.
+        a live allocation. ``align`` is the required alignment of ``ptr`` (the element
+        size for typed operands: every device, and BLAS, needs naturally aligned data).
 
         Raises
         ------
@@ -189,6 +190,8 @@ class PointerTable:
             Naming the argument, the pointer in hex, and the bytes needed vs available.
         """
         address = as_pointer(name, ptr)
+        if address % align:
+            raise InvalidArgumentError(f"{name} = {address:#x} is not aligned to its {align}-byte elements")
         with self._lock:
             allocation = self._find(address)
         if allocation is None:

@@ -203,9 +203,9 @@ def gemm_problem(
     reads = not empty and kk != 0 and al != 0.0
     a_rows, a_cols = (kk, mm) if ta else (mm, kk)
     b_rows, b_cols = (nn, kk) if tb else (kk, nn)
-    a = table.resolve("a_ptr", a_ptr, matrix_bytes(a_rows, a_cols, ilda, size) if reads else 0)
-    b = table.resolve("b_ptr", b_ptr, matrix_bytes(b_rows, b_cols, ildb, size) if reads else 0)
-    c = table.resolve("c_ptr", c_ptr, matrix_bytes(mm, nn, ildc, size))
+    a = table.resolve("a_ptr", a_ptr, matrix_bytes(a_rows, a_cols, ilda, size) if reads else 0, align=size)
+    b = table.resolve("b_ptr", b_ptr, matrix_bytes(b_rows, b_cols, ildb, size) if reads else 0, align=size)
+    c = table.resolve("c_ptr", c_ptr, matrix_bytes(mm, nn, ildc, size), align=size)
     return GemmProblem(ta, tb, mm, nn, kk, al, a, ilda, b, ildb, be, c, ildc, dt)
 
 
@@ -283,8 +283,8 @@ def batched_gemm_problem(
 
     def span(name: str, ptr: object, one: int, stride: int) -> Region:
         if empty or one == 0:
-            return table.resolve(name, ptr, 0)
-        return table.resolve(name, ptr, (stride * (count - 1)) * size + one)
+            return table.resolve(name, ptr, 0, align=size)
+        return table.resolve(name, ptr, (stride * (count - 1)) * size + one, align=size)
 
     a = span("a_ptr", a_ptr, matrix_bytes(a_rows, a_cols, ilda, size) if reads else 0, sa)
     b = span("b_ptr", b_ptr, matrix_bytes(b_rows, b_cols, ildb, size) if reads else 0, sb)
@@ -401,9 +401,9 @@ def conv_problem(
             f"output spatial shape {oh}x{ow} does not match the convolution: expected "
             f"{eoh}x{eow} = (H + 2*ph - Fh) // sh + 1, (W + 2*pw - Fw) // sw + 1"
         )
-    x = table.resolve(x_name, x_ptr, n * c * h * w * 4)
-    f = table.resolve(f_name, f_ptr, k * c * fh * fw * 4)
-    y = table.resolve(y_name, y_ptr, n * k * oh * ow * 4)
+    x = table.resolve(x_name, x_ptr, n * c * h * w * 4, align=4)
+    f = table.resolve(f_name, f_ptr, k * c * fh * fw * 4, align=4)
+    y = table.resolve(y_name, y_ptr, n * k * oh * ow * 4, align=4)
     return ConvProblem(n, c, h, w, k, fh, fw, oh, ow, sh, sw, ph, pw, x, f, y)
 
 
@@ -464,10 +464,10 @@ def attention_problem(
     if not isinstance(causal, (bool, np.bool_)):
         raise InvalidArgumentError(f"causal must be a bool, got {type(causal).__name__}")
     bh = dims["batch"] * dims["heads"] * dims["head_dim"] * 4
-    q = table.resolve("q_ptr", q_ptr, bh * dims["seq_q"])
-    k = table.resolve("k_ptr", k_ptr, bh * dims["seq_kv"])
-    v = table.resolve("v_ptr", v_ptr, bh * dims["seq_kv"])
-    o = table.resolve("o_ptr", o_ptr, bh * dims["seq_q"])
+    q = table.resolve("q_ptr", q_ptr, bh * dims["seq_q"], align=4)
+    k = table.resolve("k_ptr", k_ptr, bh * dims["seq_kv"], align=4)
+    v = table.resolve("v_ptr", v_ptr, bh * dims["seq_kv"], align=4)
+    o = table.resolve("o_ptr", o_ptr, bh * dims["seq_q"], align=4)
     return AttentionProblem(
         dims["batch"],
         dims["heads"],
@@ -527,8 +527,8 @@ def axis_problem(
     length = dims[ax]
     in_bytes = outer * length * inner * 4
     out_bytes = outer * inner * 4 if reduce_op is not None else in_bytes
-    src = table.resolve("input_ptr", input_ptr, in_bytes)
-    dst = table.resolve("output_ptr", output_ptr, out_bytes)
+    src = table.resolve("input_ptr", input_ptr, in_bytes, align=4)
+    dst = table.resolve("output_ptr", output_ptr, out_bytes, align=4)
     return AxisProblem(dims, ax, outer, length, inner, src, dst, reduce_op)
 
 
@@ -552,8 +552,8 @@ def unary_problem(
     """Validate the arguments of ``unary``."""
     uop = coerce_enum(UnaryOp, op, "op")
     count = as_count("n", n)
-    a = table.resolve("input_ptr", input_ptr, count * 4)
-    out = table.resolve("output_ptr", output_ptr, count * 4)
+    a = table.resolve("input_ptr", input_ptr, count * 4, align=4)
+    out = table.resolve("output_ptr", output_ptr, count * 4, align=4)
     return ElementwiseProblem(uop, count, a, None, out)
 
 
@@ -563,9 +563,9 @@ def binary_problem(
     """Validate the arguments of ``binary``."""
     bop = coerce_enum(BinaryOp, op, "op")
     count = as_count("n", n)
-    a = table.resolve("a_ptr", a_ptr, count * 4)
-    b = table.resolve("b_ptr", b_ptr, count * 4)
-    out = table.resolve("output_ptr", output_ptr, count * 4)
+    a = table.resolve("a_ptr", a_ptr, count * 4, align=4)
+    b = table.resolve("b_ptr", b_ptr, count * 4, align=4)
+    out = table.resolve("output_ptr", output_ptr, count * 4, align=4)
     return ElementwiseProblem(bop, count, a, b, out)
 
 
@@ -633,8 +633,8 @@ def gather_problem(
     """Validate ``gather``: input is ``rows x cols``, output ``len(indices) x cols``."""
     r, c = as_count("rows", rows), as_count("cols", cols)
     idx = _indices(indices, r)
-    src = table.resolve("input_ptr", input_ptr, r * c * 4)
-    dst = table.resolve("output_ptr", output_ptr, idx.size * c * 4)
+    src = table.resolve("input_ptr", input_ptr, r * c * 4, align=4)
+    dst = table.resolve("output_ptr", output_ptr, idx.size * c * 4, align=4)
     return RowsProblem(idx, r, c, src, dst)
 
 
@@ -649,8 +649,8 @@ def scatter_problem(
     """Validate ``scatter``: input is ``len(indices) x cols``, output ``rows x cols``."""
     r, c = as_count("rows", rows), as_count("cols", cols)
     idx = _indices(indices, r)
-    src = table.resolve("input_ptr", input_ptr, idx.size * c * 4)
-    dst = table.resolve("output_ptr", output_ptr, r * c * 4)
+    src = table.resolve("input_ptr", input_ptr, idx.size * c * 4, align=4)
+    dst = table.resolve("output_ptr", output_ptr, r * c * 4, align=4)
     return RowsProblem(idx, r, c, src, dst)
 
 
