@@ -35,6 +35,9 @@ from .types import (
 if TYPE_CHECKING:
     from .backends.cpu import CpuBackend
     from .backends.null import NullBackend
+    from .probe import ProbeReport, Selection, auto, create_backend, last_selection
+    from .probe import probe as probe_backends
+    from .registry import BackendEntry, BackendKind, BackendRegistry, SelectionRequest
 
 __version__ = "0.1.0"
 
@@ -63,6 +66,16 @@ __all__ = [
     "default_tile_for",
     "round_to_bf16",
     "round_to_f16",
+    "BackendKind",
+    "SelectionRequest",
+    "BackendEntry",
+    "BackendRegistry",
+    "ProbeReport",
+    "Selection",
+    "probe_backends",
+    "create_backend",
+    "auto",
+    "last_selection",
 ]
 
 # Backend classes are imported on first attribute access so that importing
@@ -70,6 +83,17 @@ __all__ = [
 _LAZY = {
     "CpuBackend": ("computehal.backends.cpu", "CpuBackend"),
     "NullBackend": ("computehal.backends.null", "NullBackend"),
+    "BackendKind": ("computehal.registry", "BackendKind"),
+    "SelectionRequest": ("computehal.registry", "SelectionRequest"),
+    "BackendEntry": ("computehal.registry", "BackendEntry"),
+    "BackendRegistry": ("computehal.registry", "BackendRegistry"),
+    "ProbeReport": ("computehal.probe", "ProbeReport"),
+    "Selection": ("computehal.probe", "Selection"),
+    # The module computehal.probe shadows the name "probe"; its function is exported as probe_backends.
+    "probe_backends": ("computehal.probe", "probe"),
+    "create_backend": ("computehal.probe", "create_backend"),
+    "auto": ("computehal.probe", "auto"),
+    "last_selection": ("computehal.probe", "last_selection"),
 }
 
 
