@@ -42,6 +42,7 @@ __all__ = [
     "auto",
     "last_selection",
     "parse_backend_name",
+    "start_backend",
 ]
 
 #: Environment variable that overrides the backend choice (``"opencl"``, ``"cuda:1"``).
@@ -599,6 +600,46 @@ def _select(
     if strict:
         raise UnsupportedError(f"no backend for {plan.requested} (strict, from {plan.source}): {detail}")
     raise UnsupportedError(f"no backend could be started for {plan.requested}: {detail}")
+
+
+def start_backend(kind_or_name: BackendKind | str, *, report: ProbeReport | None = None) -> ComputeBackend:
+    """Construct and initialise exactly the named backend: no fallback, no environment override.
+
+    Parameters
+    ----------
+    kind_or_name : BackendKind or str
+        A kind, or a name with an optional device ordinal (``"opencl"``, ``"cuda:1"``).
+    report : ProbeReport, optional
+        Use this probe report instead of :func:`probe`'s cached one.
+
+    Returns
+    -------
+    ComputeBackend
+        The initialised backend.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If the name is unknown.
+    UnsupportedError
+        If the backend is unavailable here, the device does not exist, or it fails to
+        start; the message says why.
+    """
+    if isinstance(kind_or_name, BackendKind):
+        kind, ordinal = kind_or_name, 0
+    else:
+        kind, ordinal = parse_backend_name(kind_or_name)
+    entry = (report if report is not None else probe()).entry(kind)
+    if not entry.available:
+        raise UnsupportedError(f"{kind.value} is unavailable: {entry.reason}")
+    if ordinal >= len(entry.devices):
+        raise UnsupportedError(f"{kind.value} has no device {ordinal} ({len(entry.devices)} device(s))")
+    try:
+        return _start(entry, ordinal)
+    except UnsupportedError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - reported as the reason
+        raise UnsupportedError(f"{kind.value}:{ordinal} failed to start: {_describe(exc)}") from exc
 
 
 def _start(entry: ProbeEntry, ordinal: int) -> ComputeBackend:

@@ -1,0 +1,428 @@
+"""The ``computehal`` command: list backends, certify them, benchmark the CPU backend.
+
+Subcommands
+-----------
+``computehal devices [--json]``
+    Every backend computehal knows, whether it can run here and, if not, why; its
+    devices and capabilities; and which backend :func:`computehal.auto` would choose.
+``computehal check [--backend NAME] [--op OP]``
+    Runs the conformance kit (:func:`computehal.testing.run_conformance`) on every
+    available backend, or only the named one, with a progress line per case on
+    stderr; prints a table per backend with one row per operation (pass / fail,
+    largest error, time) and the failing cases; exits 1 on any failure.
+``computehal bench [...]``
+    The CPU benchmark suite, :func:`computehal.bench.main` (its own ``--help``).
+
+Exit status: 0 success, 1 a check failed or a named backend cannot run, 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from . import __version__
+from .backend import ComputeBackend
+from .errors import BackendError
+from .probe import ProbeEntry, ProbeReport, parse_backend_name, probe, start_backend
+from .registry import BackendKind
+from .types import Capabilities, DeviceInfo
+
+__all__ = ["main", "build_parser", "format_table"]
+
+
+# ---------------------------------------------------------------------- formatting
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, indent: str = "") -> str:
+    """Render ``rows`` as a plain left-aligned text table with a header rule.
+
+    Parameters
+    ----------
+    headers : sequence of str
+        Column titles.
+    rows : sequence of sequences
+        Cell values (converted with ``str``).
+    indent : str
+        Prefix of every line.
+    """
+    cells = [[str(value) for value in row] for row in rows]
+    widths = [len(title) for title in headers]
+    for row in cells:
+        for index, value in enumerate(row):
+            widths[index] = max(widths[index], len(value))
+
+    def line(values: Sequence[str]) -> str:
+        return (indent + "  ".join(value.ljust(widths[i]) for i, value in enumerate(values))).rstrip()
+
+    out = [line(list(headers)), line(["-" * width for width in widths])]
+    out.extend(line(row) for row in cells)
+    return "\n".join(out)
+
+
+def _bytes(count: int) -> str:
+    if count <= 0:
+        return "unknown"
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{count} B"
+
+
+def describe_capabilities(caps: Capabilities) -> str:
+    """One line listing what ``caps`` supports, e.g. ``"fp16, fp64, unified memory; ..."``."""
+    flags = [
+        ("fp16", caps.supports_fp16),
+        ("bf16", caps.supports_bf16),
+        ("fp8", caps.supports_fp8),
+        ("fp64", caps.supports_fp64),
+        ("tensor cores", caps.tensor_cores),
+        ("peer access", caps.peer_access),
+        ("unified memory", caps.unified_memory),
+        ("cluster launch", caps.cluster_launch),
+        ("async copy", caps.async_copy),
+    ]
+    has = ", ".join(name for name, on in flags if on) or "no optional features"
+    limits = (
+        f"max threads/block {caps.max_threads_per_block}, "
+        f"shared mem/block {_bytes(caps.max_shared_mem_per_block)}, warp {caps.warp_size}"
+    )
+    native = f"; native ops: {len(caps.native_ops)}" if caps.native_ops else ""
+    return f"{has}; {limits}{native}"
+
+
+def _device_line(device: DeviceInfo) -> str:
+    major, minor = device.compute_capability
+    parts = [f"device {device.ordinal}: {device.name}", f"memory {_bytes(device.total_memory_bytes)}"]
+    parts.append(f"{device.memory_kind.value} memory")
+    if (major, minor) != (0, 0):
+        parts.append(f"compute capability {major}.{minor}")
+    return " | ".join(parts)
+
+
+# ---------------------------------------------------------------------- devices
+
+
+def _devices(args: argparse.Namespace, out: TextIO) -> int:
+    report = probe(refresh=args.refresh)
+    if args.json:
+        json.dump(_report_json(report), out, indent=2)
+        out.write("\n")
+        return 0
+    rows = []
+    for entry in report.entries:
+        status = "available" if entry.available else "unavailable"
+        detail = entry.target if entry.available else entry.reason
+        rows.append((entry.kind.value, entry.priority, status, len(entry.devices), detail))
+    out.write(format_table(("BACKEND", "PRIORITY", "STATUS", "DEVICES", "DETAIL"), rows) + "\n")
+    for entry in report.entries:
+        if not entry.devices and entry.capabilities is None:
+            continue
+        out.write(f"\n{entry.kind.value} ({entry.target}){'' if entry.available else ' - unavailable'}\n")
+        for device in entry.devices:
+            out.write(f"  {_device_line(device)}\n")
+            if device.capabilities != entry.capabilities:
+                out.write(f"    capabilities: {describe_capabilities(device.capabilities)}\n")
+        if entry.capabilities is not None:
+            out.write(f"  capabilities: {describe_capabilities(entry.capabilities)}\n")
+    registry = report.registry()
+    best = registry.select_best()
+    out.write(f"\nauto() would choose: {best.value}; fallback chain: ")
+    out.write(" -> ".join(kind.value for kind in registry.fallback_chain()) + "\n")
+    return 0
+
+
+def _report_json(report: ProbeReport) -> dict[str, Any]:
+    def caps(c: Capabilities | None) -> dict[str, Any] | None:
+        if c is None:
+            return None
+        fields = {name: getattr(c, name) for name in c.__dataclass_fields__}
+        fields["native_ops"] = sorted(c.native_ops)
+        return fields
+
+    def device(d: DeviceInfo) -> dict[str, Any]:
+        return {
+            "ordinal": d.ordinal,
+            "name": d.name,
+            "compute_capability": list(d.compute_capability),
+            "total_memory_bytes": d.total_memory_bytes,
+            "memory_kind": d.memory_kind.value,
+            "capabilities": caps(d.capabilities),
+        }
+
+    def entry(e: ProbeEntry) -> dict[str, Any]:
+        return {
+            "kind": e.kind.value,
+            "priority": e.priority,
+            "available": e.available,
+            "reason": e.reason,
+            "target": e.target,
+            "devices": [device(d) for d in e.devices],
+            "capabilities": caps(e.capabilities),
+        }
+
+    registry = report.registry()
+    return {
+        "backends": [entry(e) for e in report.entries],
+        "auto": registry.select_best().value,
+        "fallback_chain": [kind.value for kind in registry.fallback_chain()],
+    }
+
+
+# ---------------------------------------------------------------------- check
+
+
+@dataclass
+class _OpSummary:
+    op: str
+    cases: int = 0
+    failed: int = 0
+    max_error: float = 0.0
+    seconds: float = 0.0
+    failures: list[tuple[str, str]] = field(default_factory=list)
+
+
+class _Progress:
+    """Progress display for one backend: one line per finished case on ``stream``."""
+
+    def __init__(self, label: str, stream: TextIO) -> None:
+        self.label = label
+        self.stream = stream
+        self.count = 0
+        self.failed = 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        result = next((a for a in (*args, *kwargs.values()) if hasattr(a, "op")), None)
+        self.count += 1
+        if result is None:
+            text = " ".join(str(a) for a in args)
+            self.stream.write(f"[{self.label}] {self.count}: {text}\n")
+            self.stream.flush()
+            return
+        name = getattr(result, "case", None) or getattr(result, "name", "")
+        passed = getattr(result, "passed", None)
+        mark = "ok  " if passed else ("FAIL" if passed is not None else "..  ")
+        if passed is False:
+            self.failed += 1
+        self.stream.write(f"[{self.label}] {self.count:4d} {mark} {result.op}: {name}\n")
+        self.stream.flush()
+
+
+def _load_conformance() -> Callable[..., Any]:
+    module = importlib.import_module("computehal.testing")
+    runner: Callable[..., Any] = module.run_conformance
+    return runner
+
+
+def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    try:
+        run_conformance = _load_conformance()
+    except (ImportError, AttributeError) as exc:
+        err.write(f"computehal check: the conformance kit is not available: {exc}\n")
+        return 2
+    ops = _split(args.op)
+    report = probe(refresh=args.refresh)
+    if args.backend:
+        try:
+            kind, _ = parse_backend_name(args.backend)
+        except BackendError as exc:
+            err.write(f"computehal check: {exc}\n")
+            return 2
+        targets: list[tuple[BackendKind, str]] = [(kind, args.backend.strip())]
+    else:
+        targets = [(kind, kind.value) for kind in report.available_kinds()]
+    status = 0
+    for kind, name in targets:
+        entry = report.entry(kind)
+        try:
+            backend = start_backend(name, report=report)
+        except BackendError as exc:
+            out.write(f"\n== {name}: cannot run: {exc}\n")
+            status = 1
+            continue
+        label = f"{kind.value}"
+        out.write(f"\n== {name} ({entry.target})\n")
+        for device in entry.devices[:1]:
+            out.write(f"   {_device_line(device)}\n")
+        try:
+            passed = _check_one(backend, label, ops, run_conformance, args, out, err)
+        finally:
+            _close(backend)
+        if not passed:
+            status = 1
+    if not targets:
+        out.write("no backend is available\n")
+        status = 1
+    out.write("\n" + ("all checks passed" if status == 0 else "FAILED") + "\n")
+    return status
+
+
+def _check_one(
+    backend: ComputeBackend,
+    label: str,
+    ops: list[str] | None,
+    run_conformance: Callable[..., Any],
+    args: argparse.Namespace,
+    out: TextIO,
+    err: TextIO,
+) -> bool:
+    progress = _Progress(label, err)
+    started = time.perf_counter()
+    try:
+        result = run_conformance(backend, ops=ops, progress=None if args.quiet else progress)
+    except (KeyError, ValueError) as exc:
+        out.write(f"   error: {exc}\n")
+        return False
+    elapsed = time.perf_counter() - started
+    summaries: dict[str, _OpSummary] = {}
+    for case in result.results:
+        summary = summaries.setdefault(case.op, _OpSummary(case.op))
+        summary.cases += 1
+        summary.seconds += float(case.seconds or 0.0)
+        error = float(case.max_error) if case.max_error is not None else 0.0
+        if error == error:  # ignore NaN in the maximum; a NaN result fails its case anyway
+            summary.max_error = max(summary.max_error, error)
+        if not case.passed:
+            summary.failed += 1
+            summary.failures.append((case.case, case.message or ""))
+    rows = [
+        (
+            s.op,
+            s.cases,
+            "PASS" if s.failed == 0 else f"FAIL ({s.failed})",
+            f"{s.max_error:.3g}",
+            f"{s.seconds * 1e3:.1f}",
+        )
+        for s in summaries.values()
+    ]
+    out.write(format_table(("OP", "CASES", "RESULT", "MAX ERROR", "TIME (ms)"), rows, indent="   ") + "\n")
+    if args.verbose_cases:
+        for s in summaries.values():
+            cases = [c for c in result.results if c.op == s.op]
+            case_rows = [
+                (
+                    c.case,
+                    "pass" if c.passed else "FAIL",
+                    f"{float(c.max_error or 0.0):.3g}",
+                    f"{float(c.seconds or 0.0) * 1e3:.2f}",
+                )
+                for c in cases
+            ]
+            out.write(f"\n   {s.op}\n")
+            out.write(
+                format_table(("CASE", "RESULT", "MAX ERROR", "TIME (ms)"), case_rows, indent="   ") + "\n"
+            )
+    failures = [(s.op, case, message) for s in summaries.values() for case, message in s.failures]
+    for op, case, message in failures:
+        out.write(f"   FAIL {op} / {case}: {message}\n")
+    total = sum(s.cases for s in summaries.values())
+    verdict = "passed" if result.passed and not failures else "FAILED"
+    out.write(f"   {label}: {total - len(failures)}/{total} cases passed in {elapsed:.1f} s - {verdict}\n")
+    return bool(result.passed) and not failures
+
+
+def _close(backend: ComputeBackend) -> None:
+    try:
+        backend.close()
+    except Exception as exc:  # noqa: BLE001 - closing must not hide the check's result
+        logging.getLogger("computehal").warning("closing %s failed: %s", backend.name(), exc)
+
+
+def _split(values: list[str] | None) -> list[str] | None:
+    if not values:
+        return None
+    names = [part.strip() for value in values for part in value.split(",") if part.strip()]
+    return names or None
+
+
+# ---------------------------------------------------------------------- bench
+
+
+def _bench(argv: list[str], err: TextIO) -> int:
+    try:
+        module = importlib.import_module("computehal.bench")
+    except ImportError as exc:
+        err.write(f"computehal bench: the benchmark suite is not installed ({exc})\n")
+        return 2
+    runner = getattr(module, "main", None)
+    if not callable(runner):
+        err.write("computehal bench: computehal.bench has no main(argv)\n")
+        return 2
+    return int(runner(argv) or 0)
+
+
+# ---------------------------------------------------------------------- entry point
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``computehal`` command."""
+    parser = argparse.ArgumentParser(
+        prog="computehal",
+        description="One low-level compute interface over CPU, OpenCL, wgpu and CUDA.",
+    )
+    parser.add_argument("--version", action="version", version=f"computehal {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log backend selection and probing")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    devices = commands.add_parser("devices", help="list every backend, its devices and why it is unavailable")
+    devices.add_argument("--json", action="store_true", help="print the probe report as JSON")
+    devices.add_argument("--refresh", action="store_true", help=argparse.SUPPRESS)
+
+    check = commands.add_parser("check", help="run the conformance kit on the available backends")
+    check.add_argument("--backend", metavar="NAME", help="only this backend (e.g. cpu, opencl, cuda:1)")
+    check.add_argument(
+        "--op", action="append", metavar="OP", help="only this operation (repeat or comma-separate)"
+    )
+    check.add_argument("--cases", dest="verbose_cases", action="store_true", help="also list every case")
+    check.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    check.add_argument("--refresh", action="store_true", help=argparse.SUPPRESS)
+
+    commands.add_parser("bench", help="benchmark the CPU backend (computehal bench --help)", add_help=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``computehal`` command with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    out, err = sys.stdout, sys.stderr
+    index = _command_index(args_list)
+    if index < len(args_list) and args_list[index] == "bench":
+        # Everything after "bench" belongs to the benchmark suite's own parser.
+        _configure_logging(any(flag in ("-v", "--verbose") for flag in args_list[:index]))
+        return _bench(args_list[index + 1 :], err)
+    parser = build_parser()
+    args = parser.parse_args(args_list)
+    _configure_logging(args.verbose)
+    if args.command == "devices":
+        return _devices(args, out)
+    if args.command == "check":
+        return _check(args, out, err)
+    parser.print_help(out)
+    return 2
+
+
+def _command_index(args: list[str]) -> int:
+    """Index of the first argument that is not a global option."""
+    for index, value in enumerate(args):
+        if not value.startswith("-"):
+            return index
+    return len(args)
+
+
+def _configure_logging(verbose: bool) -> None:
+    if verbose:
+        logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
+        logging.getLogger("computehal").setLevel(logging.DEBUG)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
