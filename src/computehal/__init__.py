@@ -33,8 +33,10 @@ from .types import (
 )
 
 if TYPE_CHECKING:
+    from .array import DeviceArray, asarray, empty, to_device, zeros
     from .backends.cpu import CpuBackend
     from .backends.null import NullBackend
+    from .dlpack import from_dlpack
     from .probe import ProbeReport, Selection, auto, create_backend, last_selection
     from .probe import probe as probe_backends
     from .registry import BackendEntry, BackendKind, BackendRegistry, SelectionRequest
@@ -76,6 +78,12 @@ __all__ = [
     "create_backend",
     "auto",
     "last_selection",
+    "DeviceArray",
+    "asarray",
+    "to_device",
+    "empty",
+    "zeros",
+    "from_dlpack",
 ]
 
 # Backend classes are imported on first attribute access so that importing
@@ -94,6 +102,12 @@ _LAZY = {
     "create_backend": ("computehal.probe", "create_backend"),
     "auto": ("computehal.probe", "auto"),
     "last_selection": ("computehal.probe", "last_selection"),
+    "DeviceArray": ("computehal.array", "DeviceArray"),
+    "asarray": ("computehal.array", "asarray"),
+    "to_device": ("computehal.array", "to_device"),
+    "empty": ("computehal.array", "empty"),
+    "zeros": ("computehal.array", "zeros"),
+    "from_dlpack": ("computehal.dlpack", "from_dlpack"),
 }
 
 
