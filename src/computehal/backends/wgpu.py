@@ -1,0 +1,904 @@
+"""WgpuBackend: Vulkan, Metal and WebGPU devices through wgpu-py, kernels in WGSL.
+
+Memory is one wgpu storage buffer per allocation. The buffer behind an allocation of
+``n`` bytes holds ``n`` rounded up to a multiple of 4 bytes (wgpu copies move whole
+4-byte words) while the pointer table records exactly ``n``. Pointers are synthetic
+addresses from :class:`~computehal.memory.AddressSpace`; an interior pointer resolves
+to (buffer, byte offset) and is bound by binding the smallest aligned range of the
+buffer that covers the operand (offsets must be multiples of
+``minStorageBufferOffsetAlignment``) and passing the remaining element offset to the
+shader in a uniform. Nothing is copied to reach an interior pointer.
+
+Every operation validates its arguments with :mod:`computehal.validation` (the same
+checks as :class:`~computehal.backends.cpu.CpuBackend`), then records WGSL compute
+dispatches and submits them. Shader modules, pipelines, bind group layouts and bind
+groups are created once and cached; per call only a small uniform block is written.
+WGSL has no float64: ``gemm(dtype="float64")`` raises
+:class:`~computehal.UnsupportedError` and ``capabilities().supports_fp64`` is False.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import numpy as np
+
+from .. import validation as v
+from ..errors import DeviceError, InvalidArgumentError, OutOfMemoryError, UnsupportedError
+from ..memory import AddressSpace, Allocation, Region
+from ..types import BinaryOp, Capabilities, DeviceInfo, MemoryKind, MixedPrecision, ReduceOp, UnaryOp
+from ._base import TableBackend, guarded
+
+__all__ = ["WgpuBackend", "adapter_kind"]
+
+F32 = np.dtype(np.float32)
+
+_OPS = frozenset(
+    {
+        "gemm",
+        "batched_gemm",
+        "gemm_mixed_precision",
+        "conv2d_forward",
+        "conv2d_backward_data",
+        "conv2d_backward_filter",
+        "attention",
+        "reduce",
+        "softmax",
+        "unary",
+        "binary",
+        "gather",
+        "scatter",
+    }
+)
+
+#: Bytes reserved per dispatch in the uniform ring (>= any minUniformBufferOffsetAlignment).
+_SLOT = 256
+#: Dispatches recorded per submission at most (uniform ring slots).
+_SLOTS = 64
+#: maxComputeWorkgroupsPerDimension of WebGPU; larger 1-D grids spill into grid.y.
+_MAX_GROUPS = 65535
+#: Bind groups kept in the cache before it is cleared.
+_BIND_GROUP_CACHE = 1024
+
+_UNARY_CODES = {op: i for i, op in enumerate(UnaryOp)}
+_BINARY_CODES = {op: i for i, op in enumerate(BinaryOp)}
+_REDUCE_CODES = {ReduceOp.SUM: 0, ReduceOp.MAX: 1, ReduceOp.MIN: 2, ReduceOp.MEAN: 3}
+
+#: kernel entry point -> (WGSL file, number of storage buffers bound after the uniform).
+_KERNELS: dict[str, tuple[str, int]] = {
+    "unary": ("wgpu_elementwise.wgsl", 3),
+    "binary": ("wgpu_elementwise.wgsl", 3),
+    "gemm": ("wgpu_gemm.wgsl", 3),
+    "gemm_scale": ("wgpu_gemm.wgsl", 3),
+    "conv_forward": ("wgpu_conv.wgsl", 3),
+    "conv_backward_data": ("wgpu_conv.wgsl", 3),
+    "conv_backward_filter": ("wgpu_conv.wgsl", 3),
+    "attention": ("wgpu_attention.wgsl", 4),
+    "reduce_thread": ("wgpu_reduce.wgsl", 2),
+    "reduce_group": ("wgpu_reduce.wgsl", 2),
+    "softmax_thread": ("wgpu_reduce.wgsl", 2),
+    "softmax_group": ("wgpu_reduce.wgsl", 2),
+    "gather": ("wgpu_rows.wgsl", 3),
+    "scatter": ("wgpu_rows.wgsl", 3),
+}
+
+
+def _wgpu() -> Any:
+    """Import wgpu-py (an optional dependency) on first use."""
+    if not os.environ.get("XDG_RUNTIME_DIR"):
+        # Mesa's Vulkan loader warns without it; a private directory keeps it quiet.
+        os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="computehal-xdg-")
+    try:
+        import wgpu
+    except ImportError as exc:
+        raise UnsupportedError(
+            f"the wgpu backend needs wgpu-py (pip install 'computehal[wgpu]'): {exc}"
+        ) from None
+    return wgpu
+
+
+def adapter_kind(info: Any) -> str:
+    """The backend kind of an adapter: ``"vulkan"``, ``"metal"`` or ``"webgpu"``."""
+    backend = str(_info_get(info, "backend_type", "")).lower()
+    if backend == "vulkan":
+        return "vulkan"
+    if backend == "metal":
+        return "metal"
+    return "webgpu"
+
+
+def _info_get(info: Any, key: str, default: Any) -> Any:
+    try:
+        return info[key]
+    except (KeyError, TypeError, IndexError):
+        return getattr(info, key, default)
+
+
+def _source(filename: str) -> str:
+    package = resources.files("computehal") / "kernels"
+    common = (package / "wgpu_common.wgsl").read_text(encoding="utf-8")
+    return common + "\n" + (package / filename).read_text(encoding="utf-8")
+
+
+def _pack(*values: int | float | bool) -> bytes:
+    """Pack uniform fields: ``float`` -> f32, ``int`` / ``bool`` -> u32 (negatives as i32)."""
+    words = np.zeros(len(values), dtype=np.uint32)
+    for i, value in enumerate(values):
+        if isinstance(value, float):
+            words[i] = np.float32(value).view(np.uint32)
+        else:
+            words[i] = int(value) & 0xFFFFFFFF
+    return words.tobytes()
+
+
+def _grid_1d(invocations: int, workgroup: int) -> tuple[int, int, int]:
+    """A 2-D grid of workgroups covering ``invocations`` (grid.x <= 65535)."""
+    groups = max(1, -(-invocations // workgroup))
+    gx = min(groups, _MAX_GROUPS)
+    gy = -(-groups // gx)
+    if gy > _MAX_GROUPS:
+        raise UnsupportedError(f"a dispatch of {invocations} invocations exceeds the device grid limits")
+    return gx, gy, 1
+
+
+@dataclass(frozen=True)
+class _Binding:
+    """A storage-buffer binding: ``size`` bytes of ``buffer`` from byte ``offset``."""
+
+    buffer: Any
+    offset: int
+    size: int
+    elem: int  # element offset of the operand inside the binding
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One compute dispatch of a submission."""
+
+    kernel: str
+    params: bytes
+    bindings: tuple[_Binding, ...]
+    grid: tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class _Copy:
+    """A buffer-to-buffer copy recorded between dispatches."""
+
+    src: Any
+    src_offset: int
+    dst: Any
+    dst_offset: int
+    size: int
+
+
+class WgpuBackend(TableBackend):
+    """Compute on a wgpu adapter (Vulkan, Metal, D3D12 / WebGPU) with WGSL kernels.
+
+    Parameters
+    ----------
+    adapter : int, optional
+        Index into the adapters wgpu enumerates (see :meth:`available_devices`).
+        The default asks wgpu for its high-performance adapter.
+    """
+
+    def __init__(self, adapter: int | None = None) -> None:
+        super().__init__()
+        self._adapter_index = adapter
+        self._adapter: Any = None
+        self._device: Any = None
+        self._queue: Any = None
+        self._addresses = AddressSpace()
+        self._lock = threading.RLock()
+        self._modules: dict[str, Any] = {}
+        self._pipelines: dict[str, Any] = {}
+        self._layouts: dict[int, tuple[Any, Any]] = {}
+        self._bind_groups: dict[tuple[Any, ...], Any] = {}
+        self._uniform: Any = None
+        self._dummy: Any = None
+        self._scratch: Any = None
+        self._storage_align = 256
+        self._max_binding = 128 << 20
+        self._max_buffer = 256 << 20
+
+    # ------------------------------------------------------------------ identity
+
+    def _pick_adapter(self) -> Any:
+        if self._adapter is None:
+            wgpu = _wgpu()
+            if self._adapter_index is None:
+                adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+                if adapter is None:
+                    raise DeviceError("wgpu found no adapter")
+            else:
+                adapters = wgpu.gpu.enumerate_adapters_sync()
+                if not 0 <= self._adapter_index < len(adapters):
+                    raise InvalidArgumentError(
+                        f"adapter = {self._adapter_index} but wgpu lists {len(adapters)} adapters"
+                    )
+                adapter = adapters[self._adapter_index]
+            self._adapter = adapter
+        return self._adapter
+
+    def name(self) -> str:
+        try:
+            return adapter_kind(self._pick_adapter().info)
+        except Exception:  # noqa: BLE001 - name() never fails; an unusable adapter is "webgpu"
+            return "webgpu"
+
+    @staticmethod
+    def _capabilities_of(adapter: Any) -> Capabilities:
+        limits = adapter.limits
+        features = set(adapter.features)
+        info = adapter.info
+        subgroup = 1
+        if "subgroup" in features:
+            subgroup = int(_info_get(info, "subgroup_min_size", 0) or 0) or 1
+        adapter_type = str(_info_get(info, "adapter_type", "")).lower()
+        return Capabilities(
+            supports_fp16="shader-f16" in features,
+            supports_bf16=False,
+            supports_fp8=False,
+            tensor_cores=False,
+            peer_access=False,
+            unified_memory=adapter_type in ("cpu", "integratedgpu", "integrated-gpu"),
+            cluster_launch=False,
+            async_copy=False,
+            max_threads_per_block=int(limits.get("max-compute-invocations-per-workgroup", 256)),
+            max_shared_mem_per_block=int(limits.get("max-compute-workgroup-storage-size", 16384)),
+            warp_size=subgroup,
+            supports_fp64=False,
+            native_ops=_OPS,
+        )
+
+    @guarded
+    def capabilities(self) -> Capabilities:
+        return self._capabilities_of(self._pick_adapter())
+
+    @guarded
+    def available_devices(self) -> list[DeviceInfo]:
+        wgpu = _wgpu()
+        devices = []
+        for ordinal, adapter in enumerate(wgpu.gpu.enumerate_adapters_sync()):
+            info = adapter.info
+            adapter_type = str(_info_get(info, "adapter_type", "")).lower()
+            if adapter_type == "cpu":
+                kind = MemoryKind.HOST
+            elif adapter_type in ("integratedgpu", "integrated-gpu"):
+                kind = MemoryKind.UNIFIED
+            else:
+                kind = MemoryKind.DEVICE
+            name = str(_info_get(info, "device", "") or _info_get(info, "description", "") or "adapter")
+            backend = str(_info_get(info, "backend_type", ""))
+            devices.append(
+                DeviceInfo(
+                    ordinal=ordinal,
+                    name=f"{name} ({backend})" if backend else name,
+                    compute_capability=(0, 0),
+                    # wgpu does not report device memory; 0 means "not reported".
+                    total_memory_bytes=0,
+                    memory_kind=kind,
+                    capabilities=self._capabilities_of(adapter),
+                )
+            )
+        return devices
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _open(self) -> None:
+        wgpu = _wgpu()
+        adapter = self._pick_adapter()
+        limits = adapter.limits
+        wanted = {}
+        for key in ("max-storage-buffer-binding-size", "max-buffer-size"):
+            if key in limits:
+                wanted[key] = limits[key]
+        self._device = adapter.request_device_sync(required_limits=wanted)
+        self._queue = self._device.queue
+        dl = self._device.limits
+        self._storage_align = int(dl.get("min-storage-buffer-offset-alignment", 256))
+        self._max_binding = int(dl.get("max-storage-buffer-binding-size", 128 << 20))
+        self._max_buffer = int(dl.get("max-buffer-size", 256 << 20))
+        usage = wgpu.BufferUsage
+        self._uniform = self._device.create_buffer(
+            size=_SLOT * _SLOTS, usage=usage.UNIFORM | usage.COPY_DST, label="computehal-uniforms"
+        )
+        self._dummy = self._device.create_buffer(size=16, usage=usage.STORAGE, label="computehal-dummy")
+
+    def close(self) -> None:
+        """Free every live allocation and drop cached bind groups."""
+        with self._lock:
+            super().close()
+            self._bind_groups.clear()
+
+    def synchronize(self) -> None:
+        self._memory()
+        with self._lock:
+            # Mapping a buffer waits for every earlier submission on the queue.
+            self._queue.read_buffer(self._sync_buffer(), 0, 4)
+
+    def _sync_buffer(self) -> Any:
+        if self._scratch is None:
+            wgpu = _wgpu()
+            self._scratch = self._device.create_buffer(
+                size=16, usage=wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.STORAGE, label="computehal-sync"
+            )
+        return self._scratch
+
+    # ------------------------------------------------------------------ memory hooks
+
+    def _allocate(self, nbytes: int) -> tuple[int, Any]:
+        padded = -(-nbytes // 4) * 4
+        if padded > self._max_buffer:
+            raise OutOfMemoryError(nbytes, self._max_buffer)
+        wgpu = _wgpu()
+        usage = wgpu.BufferUsage
+        with self._lock:
+            try:
+                buffer = self._device.create_buffer(
+                    size=padded, usage=usage.STORAGE | usage.COPY_SRC | usage.COPY_DST
+                )
+            except MemoryError:
+                raise OutOfMemoryError(nbytes) from None
+            except Exception as exc:  # noqa: BLE001 - wgpu reports allocation failure as its own errors
+                if "memory" in str(exc).lower():
+                    raise OutOfMemoryError(nbytes) from exc
+                raise DeviceError(f"creating a {padded}-byte buffer failed: {exc}") from exc
+        return self._addresses.reserve(nbytes), buffer
+
+    def _release(self, allocation: Allocation) -> None:
+        with self._lock:
+            buffer = allocation.payload
+            allocation.payload = None
+            stale = [key for key in self._bind_groups if any(b is buffer for b in key[1::3])]
+            for key in stale:
+                del self._bind_groups[key]
+            buffer.destroy()
+
+    def _read_words(self, buffer: Any, offset: int, size: int) -> bytes:
+        return bytes(self._queue.read_buffer(buffer, offset, size))
+
+    def _write(self, region: Region, data: memoryview) -> None:
+        buffer = region.payload
+        start, stop = region.offset, region.offset + region.nbytes
+        lo, hi = start & ~3, -(-stop // 4) * 4
+        with self._lock:
+            if lo == start and hi == stop:
+                self._queue.write_buffer(buffer, start, data)
+                return
+            # Bytes outside [start, stop) in the covering words must keep their values:
+            # read the partial head and tail words, merge, write whole words.
+            block = bytearray(hi - lo)
+            if start != lo:
+                block[0:4] = self._read_words(buffer, lo, 4)
+            if stop != hi:
+                block[-4:] = self._read_words(buffer, hi - 4, 4)
+            block[start - lo : stop - lo] = data
+            self._queue.write_buffer(buffer, lo, block)
+
+    def _read(self, region: Region, out: memoryview) -> None:
+        buffer = region.payload
+        start, stop = region.offset, region.offset + region.nbytes
+        lo, hi = start & ~3, -(-stop // 4) * 4
+        with self._lock:
+            words = self._queue.read_buffer(buffer, lo, hi - lo)
+        out[:] = memoryview(words).cast("B")[start - lo : stop - lo]
+
+    # ------------------------------------------------------------------ pipelines
+
+    def _layout(self, storage: int) -> tuple[Any, Any]:
+        layout = self._layouts.get(storage)
+        if layout is None:
+            wgpu = _wgpu()
+            compute = wgpu.ShaderStage.COMPUTE
+            entries = [
+                {
+                    "binding": 0,
+                    "visibility": compute,
+                    "buffer": {"type": wgpu.BufferBindingType.uniform, "has_dynamic_offset": True},
+                }
+            ]
+            entries += [
+                {"binding": i, "visibility": compute, "buffer": {"type": wgpu.BufferBindingType.storage}}
+                for i in range(1, storage + 1)
+            ]
+            bgl = self._device.create_bind_group_layout(entries=entries)
+            pipeline_layout = self._device.create_pipeline_layout(bind_group_layouts=[bgl])
+            layout = (bgl, pipeline_layout)
+            self._layouts[storage] = layout
+        return layout
+
+    def _pipeline(self, kernel: str) -> Any:
+        pipeline = self._pipelines.get(kernel)
+        if pipeline is None:
+            filename, storage = _KERNELS[kernel]
+            module = self._modules.get(filename)
+            if module is None:
+                module = self._device.create_shader_module(code=_source(filename), label=filename)
+                self._modules[filename] = module
+            _, pipeline_layout = self._layout(storage)
+            pipeline = self._device.create_compute_pipeline(
+                layout=pipeline_layout, compute={"module": module, "entry_point": kernel}, label=kernel
+            )
+            self._pipelines[kernel] = pipeline
+        return pipeline
+
+    def _bind_group(self, kernel: str, bindings: tuple[_Binding, ...]) -> Any:
+        storage = _KERNELS[kernel][1]
+        key: tuple[Any, ...] = (storage,)
+        for b in bindings:
+            key += (b.buffer, b.offset, b.size)
+        group = self._bind_groups.get(key)
+        if group is None:
+            bgl, _ = self._layout(storage)
+            entries = [{"binding": 0, "resource": {"buffer": self._uniform, "offset": 0, "size": _SLOT}}]
+            entries += [
+                {"binding": i + 1, "resource": {"buffer": b.buffer, "offset": b.offset, "size": b.size}}
+                for i, b in enumerate(bindings)
+            ]
+            group = self._device.create_bind_group(layout=bgl, entries=entries)
+            if len(self._bind_groups) >= _BIND_GROUP_CACHE:
+                self._bind_groups.clear()
+            self._bind_groups[key] = group
+        return group
+
+    # ------------------------------------------------------------------ bindings
+
+    def _bind(self, name: str, region: Region) -> _Binding:
+        """Bind the aligned buffer range covering a float32 operand (no copy)."""
+        if region.offset % 4:
+            raise InvalidArgumentError(
+                f"{name} = {region.ptr:#x} is not 4-byte aligned; float32 operands on the "
+                f"{self.name()} backend must be"
+            )
+        if region.nbytes == 0:
+            return _Binding(self._dummy, 0, 16, 0)
+        buffer = region.payload
+        start = region.offset - region.offset % self._storage_align
+        stop = min(buffer.size, -(-(region.offset + region.nbytes) // 4) * 4)
+        size = stop - start
+        if size > self._max_binding:
+            raise UnsupportedError(
+                f"{name} spans {region.nbytes} bytes but this device binds at most "
+                f"{self._max_binding} bytes per storage buffer (maxStorageBufferBindingSize)"
+            )
+        return _Binding(buffer, start, size, (region.offset - start) // 4)
+
+    def _binding_of(self, buffer: Any, nbytes: int) -> _Binding:
+        return _Binding(buffer, 0, max(16, -(-nbytes // 4) * 4), 0)
+
+    def _temporary(self, nbytes: int, label: str) -> Any:
+        wgpu = _wgpu()
+        usage = wgpu.BufferUsage
+        return self._device.create_buffer(
+            size=max(16, -(-nbytes // 16) * 16),
+            usage=usage.STORAGE | usage.COPY_SRC | usage.COPY_DST,
+            label=label,
+        )
+
+    def _output(
+        self, name: str, out: Region, *inputs: Region, in_place_ok: bool = False
+    ) -> tuple[_Binding, list[_Copy]]:
+        """The binding a kernel writes ``out`` through, plus copies to run afterwards.
+
+        When ``out`` overlaps an input (other than the exact element-wise in-place
+        case) the kernel writes a temporary buffer that is then copied into place on
+        the device, so results never depend on the order invocations run in.
+        """
+        binding = self._bind(name, out)
+        clash = any(out.overlaps(r) and not (in_place_ok and r.offset == out.offset) for r in inputs)
+        if not clash:
+            return binding, []
+        temp = self._temporary(out.nbytes, "computehal-out")
+        return self._binding_of(temp, out.nbytes), [_Copy(temp, 0, out.payload, out.offset, out.nbytes)]
+
+    def _run(self, steps: list[_Step], copies: list[_Copy] | None = None) -> None:
+        """Record ``steps`` (then ``copies``) and submit them, ``_SLOTS`` dispatches at a time."""
+        with self._lock:
+            for first in range(0, max(1, len(steps)), _SLOTS):
+                chunk = steps[first : first + _SLOTS]
+                last = first + _SLOTS >= len(steps)
+                block = bytearray(_SLOT * max(1, len(chunk)))
+                for i, step in enumerate(chunk):
+                    block[i * _SLOT : i * _SLOT + len(step.params)] = step.params
+                encoder = self._device.create_command_encoder()
+                if chunk:
+                    self._queue.write_buffer(self._uniform, 0, block)
+                    compute = encoder.begin_compute_pass()
+                    for i, step in enumerate(chunk):
+                        compute.set_pipeline(self._pipeline(step.kernel))
+                        compute.set_bind_group(0, self._bind_group(step.kernel, step.bindings), [i * _SLOT])
+                        compute.dispatch_workgroups(*step.grid)
+                    compute.end()
+                if last:
+                    for c in copies or []:
+                        encoder.copy_buffer_to_buffer(c.src, c.src_offset, c.dst, c.dst_offset, c.size)
+                self._queue.submit([encoder.finish()])
+
+    # ------------------------------------------------------------------ GEMM
+
+    def _gemm_steps(
+        self,
+        g: v.GemmProblem,
+        a: Region,
+        b: Region,
+        c: Region,
+        strides: tuple[int, int, int],
+        batches: int,
+        round_mode: int,
+    ) -> tuple[list[_Step], list[_Copy]]:
+        if g.dtype != F32:
+            raise UnsupportedError(
+                f"gemm with dtype {g.dtype} on the {self.name()} backend: WGSL has no float64 "
+                "(use dtype='float32' or another backend)"
+            )
+        skipped = g.product_skipped
+        ba = self._bind("a_ptr", a) if not skipped else self._binding_of(self._dummy, 16)
+        bb = self._bind("b_ptr", b) if not skipped else self._binding_of(self._dummy, 16)
+        bc, copies = self._output("c_ptr", c, *(() if skipped else (a, b)))
+        if copies:
+            # The temporary starts as a copy of C: C may be read (beta != 0), and the rows
+            # between m and ldc (and gaps between batches) must come back unchanged.
+            pre = _Copy(c.payload, c.offset, copies[0].src, 0, c.nbytes)
+        else:
+            pre = None
+        alpha = float(np.float32(g.alpha))
+        beta = float(np.float32(g.beta))
+        steps = []
+        for base in range(0, batches, _MAX_GROUPS):
+            count = min(_MAX_GROUPS, batches - base)
+            params = _pack(
+                g.m, g.n, g.k, g.lda, g.ldb, g.ldc, ba.elem, bb.elem, bc.elem,
+                strides[0], strides[1], strides[2], base,
+                g.trans_a, g.trans_b, g.beta == 0.0, round_mode, alpha, beta,
+            )  # fmt: skip
+            if skipped:
+                grid = (-(-g.m // 16), -(-g.n // 16), count)
+                steps.append(_Step("gemm_scale", params, (ba, bb, bc), grid))
+            else:
+                grid = (-(-g.m // 64), -(-g.n // 64), count)
+                steps.append(_Step("gemm", params, (ba, bb, bc), grid))
+        if grid[0] > _MAX_GROUPS or grid[1] > _MAX_GROUPS:
+            raise UnsupportedError(f"gemm of {g.m} x {g.n} exceeds the device's dispatch grid limits")
+        if pre is not None:
+            self._pre_copy(pre)
+        return steps, copies
+
+    def _pre_copy(self, copy: _Copy) -> None:
+        with self._lock:
+            encoder = self._device.create_command_encoder()
+            encoder.copy_buffer_to_buffer(copy.src, copy.src_offset, copy.dst, copy.dst_offset, copy.size)
+            self._queue.submit([encoder.finish()])
+
+    @guarded
+    def gemm(
+        self,
+        trans_a: Any,
+        trans_b: Any,
+        m: int,
+        n: int,
+        k: int,
+        alpha: float,
+        a_ptr: int,
+        lda: int,
+        b_ptr: int,
+        ldb: int,
+        beta: float,
+        c_ptr: int,
+        ldc: int,
+        *,
+        dtype: Any = "float64",
+    ) -> None:
+        table = self._memory()
+        if v.as_dtype(dtype) != F32:
+            raise UnsupportedError(
+                f"gemm with dtype {v.as_dtype(dtype)} on the {self.name()} backend: WGSL has no "
+                "float64 (use dtype='float32' or another backend)"
+            )
+        p = v.gemm_problem(
+            table, trans_a, trans_b, m, n, k, alpha, a_ptr, lda, b_ptr, ldb, beta, c_ptr, ldc, dtype
+        )
+        if p.empty:
+            return
+        steps, copies = self._gemm_steps(p, p.a, p.b, p.c, (0, 0, 0), 1, 0)
+        self._run(steps, copies)
+
+    @guarded
+    def batched_gemm(
+        self,
+        trans_a: Any,
+        trans_b: Any,
+        m: int,
+        n: int,
+        k: int,
+        alpha: float,
+        a_ptr: int,
+        lda: int,
+        stride_a: int,
+        b_ptr: int,
+        ldb: int,
+        stride_b: int,
+        beta: float,
+        c_ptr: int,
+        ldc: int,
+        stride_c: int,
+        batch_count: int,
+        *,
+        dtype: Any = "float32",
+    ) -> None:
+        table = self._memory()
+        if v.as_dtype(dtype) != F32:
+            raise UnsupportedError(
+                f"batched_gemm with dtype {v.as_dtype(dtype)} on the {self.name()} backend: WGSL has "
+                "no float64 (use dtype='float32' or another backend)"
+            )
+        p = v.batched_gemm_problem(
+            table, trans_a, trans_b, m, n, k, alpha, a_ptr, lda, stride_a,
+            b_ptr, ldb, stride_b, beta, c_ptr, ldc, stride_c, batch_count, dtype,
+        )  # fmt: skip
+        if p.empty:
+            return
+        steps, copies = self._gemm_steps(
+            p.gemm, p.a, p.b, p.c, (p.stride_a, p.stride_b, p.stride_c), p.batch_count, 0
+        )
+        self._run(steps, copies)
+
+    @guarded
+    def gemm_mixed_precision(
+        self,
+        prec: Any,
+        trans_a: Any,
+        trans_b: Any,
+        m: int,
+        n: int,
+        k: int,
+        alpha: float,
+        a_ptr: int,
+        lda: int,
+        b_ptr: int,
+        ldb: int,
+        beta: float,
+        c_ptr: int,
+        ldc: int,
+    ) -> None:
+        fmt = v.mixed_precision_format(prec)
+        p = v.gemm_problem(
+            self._memory(), trans_a, trans_b, m, n, k, alpha, a_ptr, lda, b_ptr, ldb, beta, c_ptr, ldc, F32
+        )
+        if p.empty:
+            return
+        mode = 1 if fmt is MixedPrecision.F16 else 2
+        steps, copies = self._gemm_steps(p, p.a, p.b, p.c, (0, 0, 0), 1, mode)
+        self._run(steps, copies)
+
+    # ------------------------------------------------------------------ convolution
+
+    def _conv(self, kernel: str, p: v.ConvProblem, written: str, total: int) -> None:
+        regions = {"x": p.x, "f": p.f, "y": p.y}
+        names = {"x": "input", "f": "filter", "y": "output"}
+        bindings: dict[str, _Binding] = {}
+        others = [r for key, r in regions.items() if key != written]
+        out_binding, copies = self._output(f"{names[written]}_ptr", regions[written], *others)
+        for key, region in regions.items():
+            bindings[key] = out_binding if key == written else self._bind(f"{names[key]}_ptr", region)
+        params = _pack(
+            p.n, p.c, p.h, p.w, p.k, p.fh, p.fw, p.oh, p.ow, p.sh, p.sw, p.ph, p.pw,
+            bindings["x"].elem, bindings["f"].elem, bindings["y"].elem, total,
+        )  # fmt: skip
+        step = _Step(kernel, params, (bindings["x"], bindings["f"], bindings["y"]), _grid_1d(total, 256))
+        self._run([step], copies)
+
+    @guarded
+    def conv2d_forward(
+        self,
+        input_ptr: int,
+        input_shape: Any,
+        filter_ptr: int,
+        filter_shape: Any,
+        output_ptr: int,
+        output_shape: Any,
+        stride: Any,
+        padding: Any,
+    ) -> None:
+        p = v.conv_problem(
+            self._memory(),
+            ("input_ptr", input_ptr, input_shape),
+            ("filter_ptr", filter_ptr, filter_shape),
+            ("output_ptr", output_ptr, output_shape),
+            stride,
+            padding,
+        )
+        if p.empty_output:
+            return
+        self._conv("conv_forward", p, "y", p.n * p.k * p.oh * p.ow)
+
+    @guarded
+    def conv2d_backward_data(
+        self,
+        grad_output_ptr: int,
+        grad_output_shape: Any,
+        filter_ptr: int,
+        filter_shape: Any,
+        grad_input_ptr: int,
+        grad_input_shape: Any,
+        stride: Any,
+        padding: Any,
+    ) -> None:
+        p = v.conv_problem(
+            self._memory(),
+            ("grad_input_ptr", grad_input_ptr, grad_input_shape),
+            ("filter_ptr", filter_ptr, filter_shape),
+            ("grad_output_ptr", grad_output_ptr, grad_output_shape),
+            stride,
+            padding,
+        )
+        total = p.n * p.c * p.h * p.w
+        if total == 0:
+            return
+        self._conv("conv_backward_data", p, "x", total)
+
+    @guarded
+    def conv2d_backward_filter(
+        self,
+        input_ptr: int,
+        input_shape: Any,
+        grad_output_ptr: int,
+        grad_output_shape: Any,
+        grad_filter_ptr: int,
+        grad_filter_shape: Any,
+        stride: Any,
+        padding: Any,
+    ) -> None:
+        p = v.conv_problem(
+            self._memory(),
+            ("input_ptr", input_ptr, input_shape),
+            ("grad_filter_ptr", grad_filter_ptr, grad_filter_shape),
+            ("grad_output_ptr", grad_output_ptr, grad_output_shape),
+            stride,
+            padding,
+        )
+        total = p.k * p.c * p.fh * p.fw
+        if total == 0:
+            return
+        self._conv("conv_backward_filter", p, "f", total)
+
+    # ------------------------------------------------------------------ attention
+
+    @guarded
+    def attention(
+        self,
+        q_ptr: int,
+        k_ptr: int,
+        v_ptr: int,
+        o_ptr: int,
+        batch: int,
+        heads: int,
+        seq_q: int,
+        seq_kv: int,
+        head_dim: int,
+        scale: float,
+        causal: bool,
+    ) -> None:
+        p = v.attention_problem(
+            self._memory(), q_ptr, k_ptr, v_ptr, o_ptr, batch, heads, seq_q, seq_kv, head_dim, scale, causal
+        )
+        rows = p.batch * p.heads * p.seq_q
+        bq, bk, bv = self._bind("q_ptr", p.q), self._bind("k_ptr", p.k), self._bind("v_ptr", p.v)
+        bo, copies = self._output("o_ptr", p.o, p.q, p.k, p.v)
+        offset = max(-(2**31), min(2**31 - 1, p.causal_offset))
+        params = _pack(
+            rows, p.seq_q, p.seq_kv, p.head_dim, p.causal, offset,
+            bq.elem, bk.elem, bv.elem, bo.elem, float(np.float32(p.scale)),
+        )  # fmt: skip
+        self._run([_Step("attention", params, (bq, bk, bv, bo), _grid_1d(rows, 64))], copies)
+
+    # ------------------------------------------------------------------ reductions
+
+    def _axis_kernel(self, p: v.AxisProblem, name: str, op_code: int) -> None:
+        slices = p.outer * p.inner
+        src = self._bind("input_ptr", p.input)
+        in_place = name == "softmax"
+        dst, copies = self._output("output_ptr", p.output, p.input, in_place_ok=in_place)
+        params = _pack(p.outer, p.length, p.inner, src.elem, dst.elem, op_code, slices)
+        # Few long slices: a workgroup per slice; otherwise an invocation per slice.
+        if p.length >= 256 and (p.inner == 1 or slices < 4096):
+            kernel = f"{name}_group"
+            gx = min(slices, _MAX_GROUPS)
+            grid = (gx, -(-slices // gx), 1)
+            if grid[1] > _MAX_GROUPS:
+                raise UnsupportedError(f"{slices} slices exceed the device's dispatch grid limits")
+        else:
+            kernel = f"{name}_thread"
+            grid = _grid_1d(slices, 256)
+        self._run([_Step(kernel, params, (src, dst), grid)], copies)
+
+    @guarded
+    def reduce(self, op: Any, input_ptr: int, output_ptr: int, shape: Any, axis: int) -> None:
+        p = v.axis_problem(self._memory(), op, input_ptr, output_ptr, shape, axis)
+        if p.outer * p.inner == 0:
+            return
+        assert p.op is not None
+        self._axis_kernel(p, "reduce", _REDUCE_CODES[p.op])
+
+    @guarded
+    def softmax(self, input_ptr: int, output_ptr: int, shape: Any, axis: int) -> None:
+        p = v.axis_problem(self._memory(), None, input_ptr, output_ptr, shape, axis)
+        if p.outer * p.length * p.inner == 0:
+            return
+        self._axis_kernel(p, "softmax", 0)
+
+    # ------------------------------------------------------------------ element-wise
+
+    def _elementwise(self, p: v.ElementwiseProblem, kernel: str, code: int) -> None:
+        if p.n == 0:
+            return
+        ba = self._bind("a_ptr" if p.b is not None else "input_ptr", p.a)
+        inputs = [p.a]
+        bb = ba
+        if p.b is not None:
+            bb = self._bind("b_ptr", p.b)
+            inputs.append(p.b)
+        bo, copies = self._output("output_ptr", p.out, *inputs, in_place_ok=True)
+        params = _pack(p.n, ba.elem, bb.elem, bo.elem, code)
+        self._run([_Step(kernel, params, (ba, bb, bo), _grid_1d(p.n, 256))], copies)
+
+    @guarded
+    def unary(self, op: Any, input_ptr: int, output_ptr: int, n: int) -> None:
+        p = v.unary_problem(self._memory(), op, input_ptr, output_ptr, n)
+        assert isinstance(p.op, UnaryOp)
+        self._elementwise(p, "unary", _UNARY_CODES[p.op])
+
+    @guarded
+    def binary(self, op: Any, a_ptr: int, b_ptr: int, output_ptr: int, n: int) -> None:
+        p = v.binary_problem(self._memory(), op, a_ptr, b_ptr, output_ptr, n)
+        assert isinstance(p.op, BinaryOp)
+        self._elementwise(p, "binary", _BINARY_CODES[p.op])
+
+    # ------------------------------------------------------------------ gather / scatter
+
+    def _indices_binding(self, words: np.ndarray[Any, np.dtype[np.uint32]]) -> _Binding:
+        """Upload index words to a device buffer (a host-to-device copy, no compute)."""
+        nbytes = words.nbytes
+        if nbytes > self._max_binding:
+            raise UnsupportedError(
+                f"{words.size} index words exceed maxStorageBufferBindingSize ({self._max_binding} bytes)"
+            )
+        buffer = self._temporary(nbytes, "computehal-indices")
+        self._queue.write_buffer(buffer, 0, words)
+        return self._binding_of(buffer, nbytes)
+
+    def _rows(
+        self, kernel: str, p: v.RowsProblem, words: np.ndarray[Any, np.dtype[np.uint32]], count: int
+    ) -> None:
+        src = self._bind("input_ptr", p.input)
+        dst, copies = self._output("output_ptr", p.output, p.input)
+        if copies and kernel == "scatter":
+            # Rows not named keep their values: seed the temporary with the output.
+            self._pre_copy(_Copy(p.output.payload, p.output.offset, copies[0].src, 0, p.output.nbytes))
+        with self._lock:
+            idx = self._indices_binding(words)
+            params = _pack(count, p.cols, src.elem, dst.elem, 0)
+            self._run([_Step(kernel, params, (src, idx, dst), _grid_1d(count * p.cols, 256))], copies)
+
+    @guarded
+    def gather(self, input_ptr: int, indices: Any, output_ptr: int, rows: int, cols: int) -> None:
+        p = v.gather_problem(self._memory(), input_ptr, indices, output_ptr, rows, cols)
+        if p.indices.size == 0 or p.cols == 0:
+            return
+        self._rows("gather", p, p.indices.astype(np.uint32), int(p.indices.size))
+
+    @guarded
+    def scatter(self, input_ptr: int, indices: Any, output_ptr: int, rows: int, cols: int) -> None:
+        p = v.scatter_problem(self._memory(), input_ptr, indices, output_ptr, rows, cols)
+        if p.indices.size == 0 or p.cols == 0:
+            return
+        destinations, sources = v.last_occurrences(p.indices)
+        pairs = np.empty(2 * destinations.size, dtype=np.uint32)
+        pairs[0::2] = destinations
+        pairs[1::2] = sources
+        self._rows("scatter", p, pairs, int(destinations.size))

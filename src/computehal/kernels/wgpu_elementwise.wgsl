@@ -1,0 +1,150 @@
+// Element-wise kernels: unary and binary ops over n float32 values.
+// Op codes follow the order of computehal.types.UnaryOp / BinaryOp.
+
+struct Params {
+    n: u32,
+    a_off: u32,
+    b_off: u32,
+    o_off: u32,
+    op: u32,
+}
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(1) var<storage, read_write> A: array<f32>;
+@group(0) @binding(2) var<storage, read_write> B: array<f32>;
+@group(0) @binding(3) var<storage, read_write> O: array<f32>;
+
+const WG: u32 = 256u;
+
+fn apply_unary(op: u32, x: f32) -> f32 {
+    switch op {
+        case 0u: {
+            // RELU: max(x, 0) with NaN -> 0.
+            return select(0.0, x, x > 0.0);
+        }
+        case 1u: {
+            // SIGMOID: 1 / (1 + exp(-x)); exp overflows to inf giving exactly 0.
+            if (is_nan(x)) {
+                return x;
+            }
+            return 1.0 / (1.0 + exp(-x));
+        }
+        case 2u: {
+            // TANH, saturated outside the range where it is +-1 in float32.
+            if (is_nan(x)) {
+                return x;
+            }
+            if (x > 10.0) {
+                return 1.0;
+            }
+            if (x < -10.0) {
+                return -1.0;
+            }
+            return tanh(x);
+        }
+        case 3u: {
+            if (is_nan(x)) {
+                return x;
+            }
+            return exp(x);
+        }
+        case 4u: {
+            // LOG: log(0) = -inf, log(negative) = NaN, log(inf) = inf.
+            if (is_nan(x)) {
+                return x;
+            }
+            if (x == 0.0) {
+                return f32_neg_inf();
+            }
+            if (x < 0.0) {
+                return f32_nan();
+            }
+            return log(x);
+        }
+        case 5u: {
+            if (is_nan(x)) {
+                return x;
+            }
+            if (x < 0.0) {
+                return f32_nan();
+            }
+            return sqrt(x);
+        }
+        case 6u: {
+            return bitcast<f32>(bitcast<u32>(x) & 0x7fffffffu);
+        }
+        default: {
+            return bitcast<f32>(bitcast<u32>(x) ^ 0x80000000u);
+        }
+    }
+}
+
+fn ieee_div(a: f32, b: f32) -> f32 {
+    if (is_nan(a) || is_nan(b)) {
+        return f32_nan();
+    }
+    if ((bitcast<u32>(b) & 0x7fffffffu) == 0u) {
+        // x / +-0: NaN for 0 / 0, otherwise an infinity with the sign of a * b.
+        if ((bitcast<u32>(a) & 0x7fffffffu) == 0u) {
+            return f32_nan();
+        }
+        return bitcast<f32>(((bitcast<u32>(a) ^ bitcast<u32>(b)) & 0x80000000u) | 0x7f800000u);
+    }
+    if (is_inf(b)) {
+        if (is_inf(a)) {
+            return f32_nan();
+        }
+        // finite / inf: a signed zero.
+        return bitcast<f32>((bitcast<u32>(a) ^ bitcast<u32>(b)) & 0x80000000u);
+    }
+    return a / b;
+}
+
+fn apply_binary(op: u32, a: f32, b: f32) -> f32 {
+    switch op {
+        case 0u: {
+            return a + b;
+        }
+        case 1u: {
+            return a - b;
+        }
+        case 2u: {
+            return a * b;
+        }
+        case 3u: {
+            return ieee_div(a, b);
+        }
+        case 4u: {
+            return fmax_nan(a, b);
+        }
+        default: {
+            return fmin_nan(a, b);
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn unary(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lidx: u32,
+) {
+    let i = linear_id(wid, nwg, lidx, WG);
+    if (i >= P.n) {
+        return;
+    }
+    O[P.o_off + i] = apply_unary(P.op, A[P.a_off + i]);
+}
+
+@compute @workgroup_size(256)
+fn binary(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lidx: u32,
+) {
+    let i = linear_id(wid, nwg, lidx, WG);
+    if (i >= P.n) {
+        return;
+    }
+    O[P.o_off + i] = apply_binary(P.op, A[P.a_off + i], B[P.b_off + i]);
+}

@@ -1,0 +1,206 @@
+// Column-major GEMM, C = alpha * op(A) @ op(B) + beta * C, float32, batched over grid z.
+//
+// A workgroup of 16 x 16 invocations computes a 64 x 64 tile of C; each invocation
+// owns 4 x 4 elements (rows tx + 16 r, columns ty + 16 s) so neighbouring invocations
+// touch neighbouring rows of the column-major C. K advances in steps of 16 through
+// workgroup memory. round_mode 1 / 2 rounds every element of A and B to f16 / bf16
+// (round-to-nearest-even, by bit manipulation of the f32, so no shader-f16 feature is
+// needed) before use; accumulation is float32.
+
+struct Params {
+    m: u32,
+    n: u32,
+    k: u32,
+    lda: u32,
+    ldb: u32,
+    ldc: u32,
+    a_off: u32,
+    b_off: u32,
+    c_off: u32,
+    stride_a: u32,
+    stride_b: u32,
+    stride_c: u32,
+    batch_base: u32,
+    trans_a: u32,
+    trans_b: u32,
+    beta_zero: u32,
+    round_mode: u32,
+    alpha: f32,
+    beta: f32,
+}
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(1) var<storage, read_write> A: array<f32>;
+@group(0) @binding(2) var<storage, read_write> B: array<f32>;
+@group(0) @binding(3) var<storage, read_write> C: array<f32>;
+
+const TM: u32 = 64u;
+const TN: u32 = 64u;
+const TK: u32 = 16u;
+
+var<workgroup> As: array<f32, 1024>; // [TK][TM]
+var<workgroup> Bs: array<f32, 1024>; // [TK][TN]
+
+fn round_bf16(x: f32) -> f32 {
+    let bits = bitcast<u32>(x);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) {
+        return x;
+    }
+    let rounded = bits + 0x7fffu + ((bits >> 16u) & 1u);
+    return bitcast<f32>(rounded & 0xffff0000u);
+}
+
+fn round_f16(x: f32) -> f32 {
+    let bits = bitcast<u32>(x);
+    let sign = bits & 0x80000000u;
+    let mag = bits & 0x7fffffffu;
+    if (mag >= 0x7f800000u) {
+        return x; // inf and NaN stay
+    }
+    if (mag >= 0x477ff000u) {
+        return bitcast<f32>(sign | 0x7f800000u); // beyond 65504 + half an ulp: inf
+    }
+    if (mag >= 0x38800000u) {
+        // Normal f16: keep 10 mantissa bits, round the 13 dropped bits to nearest even.
+        let rounded = mag + 0x0fffu + ((mag >> 13u) & 1u);
+        return bitcast<f32>(sign | (rounded & 0xffffe000u));
+    }
+    // Subnormal f16: a multiple of 2^-24. Scaling by 2^24 is exact, and round() is
+    // round-half-to-even.
+    let scaled = round(bitcast<f32>(mag) * 16777216.0) * 5.9604644775390625e-8;
+    return bitcast<f32>(sign | bitcast<u32>(scaled));
+}
+
+fn narrow(x: f32) -> f32 {
+    if (P.round_mode == 1u) {
+        return round_f16(x);
+    }
+    if (P.round_mode == 2u) {
+        return round_bf16(x);
+    }
+    return x;
+}
+
+@compute @workgroup_size(16, 16, 1)
+fn gemm(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_id) lid: vec3<u32>,
+    @builtin(local_invocation_index) lidx: u32,
+) {
+    let batch = wid.z + P.batch_base;
+    let a_base = P.a_off + batch * P.stride_a;
+    let b_base = P.b_off + batch * P.stride_b;
+    let c_base = P.c_off + batch * P.stride_c;
+    let row0 = wid.x * TM;
+    let col0 = wid.y * TN;
+    let tx = lid.x;
+    let ty = lid.y;
+
+    var acc: array<f32, 16>;
+    for (var t = 0u; t < 16u; t++) {
+        acc[t] = 0.0;
+    }
+
+    for (var p0 = 0u; p0 < P.k; p0 += TK) {
+        for (var t = 0u; t < 4u; t++) {
+            let e = lidx + t * 256u;
+            // Tile element e: for the untransposed operand walk down a column (contiguous
+            // in memory), for the transposed one walk along k (contiguous in memory).
+            var pa: u32;
+            var ia: u32;
+            if (P.trans_a == 0u) {
+                pa = e / TM;
+                ia = e % TM;
+            } else {
+                ia = e / TK;
+                pa = e % TK;
+            }
+            let gi = row0 + ia;
+            let gp = p0 + pa;
+            var av = 0.0;
+            if (gi < P.m && gp < P.k) {
+                var idx: u32;
+                if (P.trans_a == 0u) {
+                    idx = gi + gp * P.lda;
+                } else {
+                    idx = gp + gi * P.lda;
+                }
+                av = narrow(A[a_base + idx]);
+            }
+            As[pa * TM + ia] = av;
+
+            var pb: u32;
+            var jb: u32;
+            if (P.trans_b == 0u) {
+                jb = e / TK;
+                pb = e % TK;
+            } else {
+                pb = e / TN;
+                jb = e % TN;
+            }
+            let gj = col0 + jb;
+            let gq = p0 + pb;
+            var bv = 0.0;
+            if (gj < P.n && gq < P.k) {
+                var idx: u32;
+                if (P.trans_b == 0u) {
+                    idx = gq + gj * P.ldb;
+                } else {
+                    idx = gj + gq * P.ldb;
+                }
+                bv = narrow(B[b_base + idx]);
+            }
+            Bs[pb * TN + jb] = bv;
+        }
+        workgroupBarrier();
+        for (var pp = 0u; pp < TK; pp++) {
+            let a0 = As[pp * TM + tx];
+            let a1 = As[pp * TM + tx + 16u];
+            let a2 = As[pp * TM + tx + 32u];
+            let a3 = As[pp * TM + tx + 48u];
+            for (var s = 0u; s < 4u; s++) {
+                let bv = Bs[pp * TN + ty + 16u * s];
+                acc[s * 4u] = fma(a0, bv, acc[s * 4u]);
+                acc[s * 4u + 1u] = fma(a1, bv, acc[s * 4u + 1u]);
+                acc[s * 4u + 2u] = fma(a2, bv, acc[s * 4u + 2u]);
+                acc[s * 4u + 3u] = fma(a3, bv, acc[s * 4u + 3u]);
+            }
+        }
+        workgroupBarrier();
+    }
+
+    for (var s = 0u; s < 4u; s++) {
+        let j = col0 + ty + 16u * s;
+        if (j >= P.n) {
+            continue;
+        }
+        for (var r = 0u; r < 4u; r++) {
+            let i = row0 + tx + 16u * r;
+            if (i >= P.m) {
+                continue;
+            }
+            let idx = c_base + i + j * P.ldc;
+            var value = P.alpha * acc[s * 4u + r];
+            if (P.beta_zero == 0u) {
+                value = fma(P.beta, C[idx], value);
+            }
+            C[idx] = value;
+        }
+    }
+}
+
+// BLAS quick return (k == 0 or alpha == 0): C = beta * C, write-only when beta == 0.
+@compute @workgroup_size(16, 16, 1)
+fn gemm_scale(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    let j = gid.y;
+    if (i >= P.m || j >= P.n) {
+        return;
+    }
+    let idx = P.c_off + (gid.z + P.batch_base) * P.stride_c + i + j * P.ldc;
+    if (P.beta_zero != 0u) {
+        C[idx] = 0.0;
+    } else {
+        C[idx] = P.beta * C[idx];
+    }
+}

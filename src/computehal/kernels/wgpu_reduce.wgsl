@@ -1,0 +1,191 @@
+// Reductions and softmax over one axis of a row-major float32 tensor viewed as
+// [outer, length, inner]. Output element (o, t) of a reduction reads
+// x[(o * length + l) * inner + t] for l in [0, length).
+//
+// *_thread kernels give each invocation one (o, t) slice (coalesced across t);
+// *_group kernels give each workgroup one slice and reduce it with a tree in workgroup
+// memory (used when slices are long and few). MAX / MIN fold with fmax / fmin from
+// -inf / +inf, ignoring NaN; MEAN divides the sum by length (0 for an empty axis).
+
+struct Params {
+    outer: u32,
+    length: u32,
+    inner: u32,
+    in_off: u32,
+    out_off: u32,
+    op: u32,
+    slices: u32,
+}
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(1) var<storage, read_write> X: array<f32>;
+@group(0) @binding(2) var<storage, read_write> Y: array<f32>;
+
+const WG: u32 = 256u;
+
+var<workgroup> partial: array<f32, 256>;
+var<workgroup> partial2: array<f32, 256>;
+
+fn identity(op: u32) -> f32 {
+    if (op == 1u) {
+        return f32_neg_inf();
+    }
+    if (op == 2u) {
+        return f32_inf();
+    }
+    return 0.0;
+}
+
+fn combine(op: u32, a: f32, b: f32) -> f32 {
+    if (op == 1u) {
+        return fmax_nan(a, b);
+    }
+    if (op == 2u) {
+        return fmin_nan(a, b);
+    }
+    return a + b;
+}
+
+fn finish(op: u32, value: f32) -> f32 {
+    if (op == 3u && P.length > 0u) {
+        return value / f32(P.length);
+    }
+    return value;
+}
+
+@compute @workgroup_size(256)
+fn reduce_thread(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lidx: u32,
+) {
+    let slice = linear_id(wid, nwg, lidx, WG);
+    if (slice >= P.slices) {
+        return;
+    }
+    let o = slice / P.inner;
+    let t = slice % P.inner;
+    let base = P.in_off + o * P.length * P.inner + t;
+    var value = identity(P.op);
+    for (var l = 0u; l < P.length; l++) {
+        value = combine(P.op, value, X[base + l * P.inner]);
+    }
+    Y[P.out_off + slice] = finish(P.op, value);
+}
+
+fn tree(op: u32, lidx: u32) {
+    for (var half = WG / 2u; half > 0u; half /= 2u) {
+        workgroupBarrier();
+        if (lidx < half) {
+            partial[lidx] = combine(op, partial[lidx], partial[lidx + half]);
+        }
+    }
+    workgroupBarrier();
+}
+
+@compute @workgroup_size(256)
+fn reduce_group(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lidx: u32,
+) {
+    let slice = wid.y * nwg.x + wid.x;
+    if (slice >= P.slices) {
+        return;
+    }
+    let o = slice / P.inner;
+    let t = slice % P.inner;
+    let base = P.in_off + o * P.length * P.inner + t;
+    var value = identity(P.op);
+    for (var l = lidx; l < P.length; l += WG) {
+        value = combine(P.op, value, X[base + l * P.inner]);
+    }
+    partial[lidx] = value;
+    tree(P.op, lidx);
+    if (lidx == 0u) {
+        Y[P.out_off + slice] = finish(P.op, partial[0]);
+    }
+}
+
+// Softmax of one slice. peak = fmax over the slice from -inf; a NaN anywhere, or a
+// peak that is not finite (all -inf, or a +inf present), makes the slice NaN exactly
+// as IEEE arithmetic of exp(x - peak) / sum would.
+@compute @workgroup_size(256)
+fn softmax_thread(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lidx: u32,
+) {
+    let slice = linear_id(wid, nwg, lidx, WG);
+    if (slice >= P.slices) {
+        return;
+    }
+    let o = slice / P.inner;
+    let t = slice % P.inner;
+    let base = o * P.length * P.inner + t;
+    var peak = f32_neg_inf();
+    var poisoned = false;
+    for (var l = 0u; l < P.length; l++) {
+        let x = X[P.in_off + base + l * P.inner];
+        poisoned = poisoned || is_nan(x);
+        peak = fmax_nan(peak, x);
+    }
+    poisoned = poisoned || !is_finite(peak);
+    var total = 0.0;
+    for (var l = 0u; l < P.length; l++) {
+        total += exp(X[P.in_off + base + l * P.inner] - peak);
+    }
+    let inv = 1.0 / total;
+    for (var l = 0u; l < P.length; l++) {
+        let idx = base + l * P.inner;
+        let e = exp(X[P.in_off + idx] - peak);
+        Y[P.out_off + idx] = select(e * inv, f32_nan(), poisoned);
+    }
+}
+
+@compute @workgroup_size(256)
+fn softmax_group(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lidx: u32,
+) {
+    let slice = wid.y * nwg.x + wid.x;
+    if (slice >= P.slices) {
+        return;
+    }
+    let o = slice / P.inner;
+    let t = slice % P.inner;
+    let base = o * P.length * P.inner + t;
+    var peak = f32_neg_inf();
+    var nan_count = 0.0;
+    for (var l = lidx; l < P.length; l += WG) {
+        let x = X[P.in_off + base + l * P.inner];
+        nan_count += select(0.0, 1.0, is_nan(x));
+        peak = fmax_nan(peak, x);
+    }
+    partial[lidx] = peak;
+    partial2[lidx] = nan_count;
+    for (var half = WG / 2u; half > 0u; half /= 2u) {
+        workgroupBarrier();
+        if (lidx < half) {
+            partial[lidx] = fmax_nan(partial[lidx], partial[lidx + half]);
+            partial2[lidx] += partial2[lidx + half];
+        }
+    }
+    workgroupBarrier();
+    let slice_peak = partial[0];
+    let poisoned = partial2[0] > 0.0 || !is_finite(slice_peak);
+    workgroupBarrier();
+    var total = 0.0;
+    for (var l = lidx; l < P.length; l += WG) {
+        total += exp(X[P.in_off + base + l * P.inner] - slice_peak);
+    }
+    partial[lidx] = total;
+    tree(0u, lidx);
+    let inv = 1.0 / partial[0];
+    for (var l = lidx; l < P.length; l += WG) {
+        let idx = base + l * P.inner;
+        let e = exp(X[P.in_off + idx] - slice_peak);
+        Y[P.out_off + idx] = select(e * inv, f32_nan(), poisoned);
+    }
+}
