@@ -26,7 +26,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from .backend import ComputeBackend
-from .errors import InvalidArgumentError, UnsupportedError
+from .errors import BackendError, InvalidArgumentError, UnsupportedError
 from .registry import BackendEntry, BackendKind, BackendRegistry, SelectionRequest
 from .types import Capabilities, DeviceInfo
 
@@ -96,7 +96,15 @@ KNOWN_BACKENDS: tuple[BackendSpec, ...] = (
 )
 
 #: Names of constructor parameters that take a device ordinal, in order of preference.
-_ORDINAL_PARAMETERS = ("device", "ordinal", "device_index", "device_ordinal", "adapter_index", "index")
+_ORDINAL_PARAMETERS = (
+    "device",
+    "ordinal",
+    "device_index",
+    "device_ordinal",
+    "adapter",
+    "adapter_index",
+    "index",
+)
 
 
 # ---------------------------------------------------------------------- probe report
@@ -281,7 +289,14 @@ def _load_class(spec: BackendSpec) -> tuple[type[ComputeBackend], str]:
 
 
 def _instantiate(cls: Callable[..., ComputeBackend], ordinal: int) -> ComputeBackend:
-    """Construct ``cls`` for device ``ordinal`` (not initialised)."""
+    """Construct ``cls`` for device ``ordinal`` (not initialised).
+
+    Device 0 uses the class's own default (its first or preferred device); another
+    ordinal is passed through the constructor parameter that takes it (``device``,
+    ``adapter``, ...).
+    """
+    if ordinal == 0:
+        return cls()
     try:
         parameters: Collection[str] = inspect.signature(cls).parameters
     except (TypeError, ValueError):
@@ -289,9 +304,7 @@ def _instantiate(cls: Callable[..., ComputeBackend], ordinal: int) -> ComputeBac
     for name in _ORDINAL_PARAMETERS:
         if name in parameters:
             return cls(**{name: ordinal})
-    if ordinal != 0:
-        raise UnsupportedError(f"{getattr(cls, '__name__', cls)} has a single device; device {ordinal} asked")
-    return cls()
+    raise UnsupportedError(f"{getattr(cls, '__name__', cls)} has a single device; device {ordinal} asked")
 
 
 def _kind_of(backend: ComputeBackend, spec: BackendSpec) -> BackendKind:
@@ -326,7 +339,10 @@ def _generic_kind(spec: BackendSpec) -> BackendKind:
 
 
 def _describe(exc: BaseException) -> str:
+    """The text of ``exc`` with its type where the text alone would not say what failed."""
     text = str(exc).strip()
+    if isinstance(exc, BackendError) and text:
+        return text  # already "device error: ...", "unsupported operation: ..."
     name = type(exc).__name__
     if not text:
         return name
