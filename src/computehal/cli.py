@@ -224,6 +224,14 @@ def _load_conformance() -> Callable[..., Any]:
 
 
 def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    targets: list[tuple[BackendKind, str]] = []
+    if args.backend:
+        try:
+            kind, _ = parse_backend_name(args.backend)
+        except BackendError as exc:
+            err.write(f"computehal check: {exc}\n")
+            return 2
+        targets.append((kind, args.backend.strip()))
     try:
         run_conformance = _load_conformance()
     except (ImportError, AttributeError) as exc:
@@ -231,14 +239,7 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return 2
     ops = _split(args.op)
     report = probe(refresh=args.refresh)
-    if args.backend:
-        try:
-            kind, _ = parse_backend_name(args.backend)
-        except BackendError as exc:
-            err.write(f"computehal check: {exc}\n")
-            return 2
-        targets: list[tuple[BackendKind, str]] = [(kind, args.backend.strip())]
-    else:
+    if not args.backend:
         targets = [(kind, kind.value) for kind in report.available_kinds()]
     status = 0
     for kind, name in targets:

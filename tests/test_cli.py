@@ -1,0 +1,237 @@
+"""The ``computehal`` command, driven through ``main(argv)``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+import computehal.cli as cli
+import computehal.probe as probe_mod
+from computehal import ComputeBackend
+
+GPU_DEPENDENCIES = ("pyopencl", "wgpu", "cupy", "cupy_backends")
+GPU_MODULES = (
+    "computehal.backends.opencl",
+    "computehal.backends.wgpu",
+    "computehal.backends.wgpu_backend",
+    "computehal.backends.cuda",
+)
+
+
+@pytest.fixture(autouse=True)
+def fresh_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(probe_mod, "_cache", None)
+    monkeypatch.delenv(probe_mod.ENV_VAR, raising=False)
+
+
+def hide_gpu_dependencies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Simulate a machine without pyopencl, wgpu and CuPy: importing them raises ImportError."""
+    for name in list(sys.modules):
+        if name.split(".")[0] in GPU_DEPENDENCIES or name in GPU_MODULES:
+            monkeypatch.delitem(sys.modules, name)
+    for name in GPU_DEPENDENCIES:
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def rows_of(text: str) -> dict[str, list[str]]:
+    """The ``devices`` table as {backend: columns} (columns split on runs of 2+ spaces)."""
+    import re
+
+    table: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        columns = re.split(r"\s{2,}", line.strip())
+        if len(columns) >= 4 and columns[2] in ("available", "unavailable"):
+            table[columns[0]] = columns
+    return table
+
+
+# ---------------------------------------------------------------------- devices
+
+
+def test_devices_lists_every_backend(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["devices"]) == 0
+    out = capsys.readouterr().out
+    table = rows_of(out)
+    assert set(table) == {"cuda", "rocm", "metal", "level_zero", "opencl", "vulkan", "webgpu", "cpu"}
+    assert table["cpu"][2] == "available"
+    assert table["level_zero"][2] == "unavailable" and "no level_zero backend" in table["level_zero"][4]
+    assert "capabilities: " in out and "fp64" in out
+    assert "auto() would choose: " in out
+    assert out.rstrip().endswith("cpu")  # the fallback chain ends with the CPU
+
+
+def test_devices_without_gpu_dependencies_shows_import_errors(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hide_gpu_dependencies(monkeypatch)
+    assert cli.main(["devices"]) == 0
+    out = capsys.readouterr().out
+    table = rows_of(out)
+    for kind in ("cuda", "rocm", "metal", "opencl", "vulkan", "webgpu"):
+        assert table[kind][2] == "unavailable", kind
+    report = probe_mod.probe()
+    for entry in report.entries:
+        if not entry.available:
+            assert entry.reason in out  # the full reason, e.g. the ImportError text
+    assert "auto() would choose: cpu" in out
+    assert "fallback chain: cpu" in out
+
+
+def test_devices_json(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    hide_gpu_dependencies(monkeypatch)
+    assert cli.main(["devices", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    kinds = {b["kind"]: b for b in data["backends"]}
+    assert kinds["cpu"]["available"] and kinds["cpu"]["devices"][0]["ordinal"] == 0
+    assert not kinds["opencl"]["available"] and kinds["opencl"]["reason"]
+    assert data["auto"] == "cpu" and data["fallback_chain"] == ["cpu"]
+
+
+# ---------------------------------------------------------------------- check (with a stand-in kit)
+
+
+@dataclass
+class FakeCaseResult:
+    op: str
+    case: str
+    passed: bool
+    max_error: float
+    seconds: float
+    message: str = ""
+
+
+@dataclass
+class FakeReport:
+    passed: bool
+    results: list[FakeCaseResult]
+
+
+def fake_kit(results: list[FakeCaseResult], calls: list[tuple[str, Any]]) -> Callable[..., FakeReport]:
+    def run_conformance(
+        backend: ComputeBackend, ops: list[str] | None = None, progress: Any = None
+    ) -> FakeReport:
+        assert backend.is_initialized()
+        calls.append((backend.name(), ops))
+        chosen = [r for r in results if ops is None or r.op in ops]
+        for result in chosen:
+            if progress is not None:
+                progress(result)
+        return FakeReport(all(r.passed for r in chosen), chosen)
+
+    return run_conformance
+
+
+def test_check_tables_and_exit_status(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    results = [
+        FakeCaseResult("gemm", "nn", True, 1e-12, 0.002),
+        FakeCaseResult("gemm", "tt", True, 3e-12, 0.003),
+        FakeCaseResult("softmax", "rows", True, 2e-7, 0.001),
+    ]
+    calls: list[tuple[str, Any]] = []
+    monkeypatch.setattr(cli, "_load_conformance", lambda: fake_kit(results, calls))
+    assert cli.main(["check", "--backend", "cpu", "--op", "gemm", "--cases"]) == 0
+    captured = capsys.readouterr()
+    assert calls == [("cpu", ["gemm"])]
+    assert "gemm" in captured.out and "softmax" not in captured.out
+    gemm_row = next(line for line in captured.out.splitlines() if line.strip().startswith("gemm "))
+    assert gemm_row.split()[:4] == ["gemm", "2", "PASS", "3e-12"]
+    assert "2/2 cases passed" in captured.out and "all checks passed" in captured.out
+    # Progress: one line per case on stderr.
+    assert captured.err.count("[cpu]") == 2 and "ok" in captured.err
+
+    results.append(FakeCaseResult("softmax", "nan", False, float("nan"), 0.001, "NaN where 0 expected"))
+    assert cli.main(["check", "--backend", "host", "--op", "gemm,softmax"]) == 1
+    out = capsys.readouterr().out
+    assert calls[-1] == ("cpu", ["gemm", "softmax"])
+    softmax_row = next(line for line in out.splitlines() if line.strip().startswith("softmax "))
+    assert "FAIL (1)" in softmax_row
+    assert "FAIL softmax / nan: NaN where 0 expected" in out
+    assert out.rstrip().endswith("FAILED")
+
+
+def test_check_every_available_backend_by_default(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hide_gpu_dependencies(monkeypatch)
+    calls: list[tuple[str, Any]] = []
+    monkeypatch.setattr(cli, "_load_conformance", lambda: fake_kit([], calls))
+    assert cli.main(["check", "-q"]) == 0
+    assert calls == [("cpu", None)]
+    assert capsys.readouterr().err == ""
+
+
+def test_check_named_backend_that_cannot_run(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hide_gpu_dependencies(monkeypatch)
+    monkeypatch.setattr(cli, "_load_conformance", lambda: fake_kit([], []))
+    assert cli.main(["check", "--backend", "opencl"]) == 1
+    out = capsys.readouterr().out
+    assert "opencl: cannot run: unsupported operation: opencl is unavailable" in out
+
+
+def test_check_unknown_backend_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["check", "--backend", "tpu"]) == 2
+    assert "unknown backend 'tpu'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------- check with the real kit
+
+
+def test_check_cpu_with_the_conformance_kit(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["check", "--backend", "cpu", "--op", "unary", "--op", "gather"]) == 0
+    captured = capsys.readouterr()
+    assert "all checks passed" in captured.out
+    ops = {line.split()[0] for line in captured.out.splitlines() if "PASS" in line}
+    assert ops == {"unary", "gather"}
+    assert "[cpu]" in captured.err
+
+
+# ---------------------------------------------------------------------- bench and entry points
+
+
+def test_bench_delegates_to_the_suite(monkeypatch: pytest.MonkeyPatch) -> None:
+    import computehal.bench as bench
+
+    seen: list[list[str]] = []
+
+    def fake_main(argv: list[str] | None = None) -> int:
+        seen.append(list(argv or []))
+        return 0
+
+    monkeypatch.setattr(bench, "main", fake_main)
+    assert cli.main(["bench", "--quick", "--help-like-arg"]) == 0
+    assert seen == [["--quick", "--help-like-arg"]]
+
+
+def test_bench_missing_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "computehal.bench", None)
+    assert cli.main(["bench"]) == 2
+    assert "benchmark suite is not installed" in capsys.readouterr().err
+
+
+def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([]) == 2
+    assert "devices" in capsys.readouterr().out
+
+
+def test_python_dash_m() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "computehal", "--version"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.startswith("computehal ")
+
+
+def test_format_table() -> None:
+    text = cli.format_table(("A", "LONGER"), [("x", 1), ("yyyy", 22)])
+    assert text.splitlines() == ["A     LONGER", "----  ------", "x     1", "yyyy  22"]
