@@ -95,6 +95,16 @@ def is_cuda_like(backend: ComputeBackend) -> bool:
     return module.startswith("computehal.backends.cuda") or inner.name() in ("cuda", "rocm")
 
 
+def backend_ordinal(backend: ComputeBackend) -> int:
+    """The device ordinal a backend runs on (its ``device`` or ``ordinal`` attribute, else 0)."""
+    inner = unwrap(backend)
+    for attribute in ("device", "ordinal", "_ordinal"):
+        value = getattr(inner, attribute, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return 0
+
+
 def dlpack_device_of(backend: ComputeBackend) -> tuple[int, int]:
     """The ``(device_type, device_id)`` that ``__dlpack_device__`` reports for arrays on ``backend``.
 
@@ -103,7 +113,7 @@ def dlpack_device_of(backend: ComputeBackend) -> tuple[int, int]:
     """
     if host_backend(backend) is None and is_cuda_like(backend):
         inner = unwrap(backend)
-        ordinal = int(getattr(inner, "ordinal", 0) or 0)
+        ordinal = backend_ordinal(inner)
         kind = DLDeviceType.ROCM if inner.name() == "rocm" else DLDeviceType.CUDA
         return int(kind), ordinal
     return int(DLDeviceType.CPU), 0

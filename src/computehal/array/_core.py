@@ -302,8 +302,7 @@ class DeviceArray:
     @property
     def device(self) -> Device:
         """The device the array lives on (backend name and device ordinal)."""
-        inner = _dl.unwrap(self._holder.backend)
-        return Device(self._holder.backend.name(), int(getattr(inner, "ordinal", 0) or 0))
+        return Device(self._holder.backend.name(), _dl.backend_ordinal(self._holder.backend))
 
     @property
     def ptr(self) -> int:
