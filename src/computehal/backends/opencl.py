@@ -1,0 +1,1006 @@
+"""OpenCLBackend: every operation as an OpenCL kernel, on any OpenCL device (PoCL included).
+
+Memory is one ``pyopencl.Buffer`` per allocation behind synthetic 64-byte-aligned addresses
+(:class:`~computehal.memory.AddressSpace`); an interior pointer resolves to (buffer, byte
+offset) through the shared pointer table, and kernels receive the element offset as an
+argument (no sub-buffers, which carry device alignment rules).
+
+Kernels live in ``computehal/kernels/*.cl``, written in the small dialect of
+``kernels/dialect.h`` so that the same files compile as CUDA C. Programs are built lazily,
+once per backend instance, per kernel family and build configuration. This module only
+validates arguments (through :mod:`computehal.validation`), sizes launches and enqueues
+kernels; operand data never goes through the host.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+
+from .. import validation as v
+from ..errors import DeviceError, InvalidArgumentError, OutOfMemoryError, UnsupportedError
+from ..memory import AddressSpace, Allocation, Region, as_count
+from ..types import (
+    BinaryOp,
+    Capabilities,
+    DeviceInfo,
+    MemoryKind,
+    MixedPrecision,
+    ReduceOp,
+    TileShape,
+    UnaryOp,
+)
+from ._base import TableBackend, guarded
+
+__all__ = ["OpenCLBackend", "kernel_source", "kernel_files", "list_devices"]
+
+F32 = np.dtype(np.float32)
+F64 = np.dtype(np.float64)
+I32 = np.int32
+I64 = np.int64
+
+#: Kernel families: one source file each.
+FAMILIES = {
+    "elementwise": "elementwise.cl",
+    "reduce": "reduce.cl",
+    "gather": "gather.cl",
+    "gemm": "gemm.cl",
+    "conv": "conv.cl",
+    "attention": "attention.cl",
+}
+
+_OPS = frozenset(
+    {
+        "gemm",
+        "batched_gemm",
+        "gemm_mixed_precision",
+        "conv2d_forward",
+        "conv2d_backward_data",
+        "conv2d_backward_filter",
+        "attention",
+        "reduce",
+        "softmax",
+        "unary",
+        "binary",
+        "gather",
+        "scatter",
+    }
+)
+
+#: GEMM micro-tile (see kernels/gemm_tile.h): VW-wide vectors, MR = 2 * VW rows, NR columns.
+_GEMM_TILE = {F32: (8, 4), F64: (4, 4)}
+#: Largest walk of NR-blocks one GEMM work-item makes along n.
+_MAX_NB = 32
+#: Upper bound for the packed-operand scratch of one convolution chunk, in bytes.
+_CONV_SCRATCH = 64 << 20
+#: Work-group size of the row reductions (must match a power of two).
+_REDUCE_LS = 64
+#: Query rows per attention work-group.
+_ATTN_BQ = 32
+
+_REDUCE_CODES = {ReduceOp.SUM: 0, ReduceOp.MAX: 1, ReduceOp.MIN: 2, ReduceOp.MEAN: 3}
+_ROUND_MODES = {MixedPrecision.F16: 1, MixedPrecision.BF16: 2}
+_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_.]+)"\s*$', re.MULTILINE)
+
+
+# --------------------------------------------------------------------------- kernel sources
+
+
+def kernel_files() -> list[str]:
+    """Names of every kernel source file shipped in ``computehal/kernels`` (``.cl`` and ``.h``)."""
+    root = resources.files("computehal") / "kernels"
+    return sorted(p.name for p in root.iterdir() if p.name.endswith((".cl", ".h")))
+
+
+def _read_kernel_file(name: str) -> str:
+    return (resources.files("computehal") / "kernels" / name).read_text(encoding="utf-8")
+
+
+def kernel_source(name: str) -> str:
+    """The text of kernel file ``name`` with its ``#include "..."`` lines expanded in place.
+
+    Expanding on the host makes a source self-contained, so it builds the same way with
+    OpenCL (no ``-I`` path) and with NVRTC. Each header is inserted once.
+    """
+    seen: set[str] = set()
+
+    def expand(text: str) -> str:
+        def include(match: re.Match[str]) -> str:
+            header = match.group(1)
+            if header in seen:
+                return ""
+            seen.add(header)
+            return expand(_read_kernel_file(header))
+
+        return _INCLUDE.sub(include, text)
+
+    return expand(_read_kernel_file(name))
+
+
+# --------------------------------------------------------------------------- devices
+
+
+def _platforms() -> list[Any]:
+    try:
+        return list(cl.get_platforms())
+    except cl.Error:
+        return []  # no ICD loader or no platform installed
+
+
+def list_devices(platform: str | None = None, device_filter: str | Callable[[Any], bool] | None = None) -> list[Any]:
+    """Every OpenCL device of every platform, in platform order, optionally filtered.
+
+    Parameters
+    ----------
+    platform : str, optional
+        Keep platforms whose name or vendor contains this text (case-insensitive).
+    device_filter : str or callable, optional
+        Keep devices whose name contains this text (case-insensitive), or for which the
+        callable returns True.
+    """
+    devices: list[Any] = []
+    for plat in _platforms():
+        if platform is not None and platform.lower() not in f"{plat.name} {plat.vendor}".lower():
+            continue
+        try:
+            found = plat.get_devices()
+        except cl.Error:
+            continue
+        for dev in found:
+            if device_filter is None:
+                devices.append(dev)
+            elif callable(device_filter):
+                if device_filter(dev):
+                    devices.append(dev)
+            elif device_filter.lower() in dev.name.lower():
+                devices.append(dev)
+    return devices
+
+
+def _device_attr(dev: Any, name: str) -> Any:
+    try:
+        return getattr(dev, name)
+    except (cl.Error, AttributeError):
+        return None
+
+
+def _warp_width(dev: Any) -> int:
+    """Warp / wavefront / sub-group width where the device reports one, else 1."""
+    for attr in ("warp_size_nv", "wavefront_width_amd"):
+        value = _device_attr(dev, attr)
+        if value:
+            return int(value)
+    sizes = _device_attr(dev, "sub_group_sizes_intel")
+    if sizes:
+        return int(max(sizes))
+    return 1
+
+
+def _capabilities(dev: Any) -> Capabilities:
+    extensions = set(str(dev.extensions).split())
+    fp64 = "cl_khr_fp64" in extensions or bool(_device_attr(dev, "double_fp_config"))
+    unified = bool(dev.type & cl.device_type.CPU) or bool(_device_attr(dev, "host_unified_memory"))
+    return Capabilities(
+        supports_fp16="cl_khr_fp16" in extensions,
+        supports_bf16=False,
+        supports_fp8=False,
+        tensor_cores=False,
+        peer_access=False,
+        unified_memory=unified,
+        cluster_launch=False,
+        async_copy=False,
+        max_threads_per_block=int(dev.max_work_group_size),
+        max_shared_mem_per_block=int(dev.local_mem_size),
+        warp_size=_warp_width(dev),
+        supports_fp64=fp64,
+        native_ops=_OPS,
+    )
+
+
+def _device_info(ordinal: int, dev: Any) -> DeviceInfo:
+    caps = _capabilities(dev)
+    major = _device_attr(dev, "compute_capability_major_nv")
+    minor = _device_attr(dev, "compute_capability_minor_nv")
+    cc = (int(major), int(minor or 0)) if major is not None else (0, 0)
+    if dev.type & cl.device_type.CPU:
+        kind = MemoryKind.HOST
+    elif caps.unified_memory:
+        kind = MemoryKind.UNIFIED
+    else:
+        kind = MemoryKind.DEVICE
+    name = f"{dev.name.strip()} ({dev.platform.name.strip()})"
+    return DeviceInfo(
+        ordinal=ordinal,
+        name=name,
+        compute_capability=cc,
+        total_memory_bytes=int(dev.global_mem_size),
+        memory_kind=kind,
+        capabilities=caps,
+    )
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class _Operand:
+    """A buffer and the element offset at which an operand starts."""
+
+    buffer: Any
+    offset: int
+
+
+# --------------------------------------------------------------------------- backend
+
+
+class OpenCLBackend(TableBackend):
+    """Compute on one OpenCL device (a GPU, or a CPU through PoCL) with real kernels.
+
+    Parameters
+    ----------
+    device : int
+        Ordinal among the devices that pass ``platform`` and ``device_filter`` (in
+        platform order; see :meth:`available_devices`).
+    platform : str, optional
+        Only use platforms whose name or vendor contains this text (case-insensitive).
+    device_filter : str or callable, optional
+        Only use devices whose name contains this text, or for which the callable returns
+        True when given the ``pyopencl.Device``.
+    """
+
+    def __init__(
+        self,
+        device: int = 0,
+        *,
+        platform: str | None = None,
+        device_filter: str | Callable[[Any], bool] | None = None,
+    ) -> None:
+        super().__init__()
+        if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+            raise InvalidArgumentError(f"device must be a non-negative integer ordinal, got {device!r}")
+        self._ordinal = device
+        self._platform_filter = platform
+        self._device_filter = device_filter
+        self._device: Any = None
+        self._context: Any = None
+        self._queue: Any = None
+        self._addresses = AddressSpace()
+        self._programs: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+        self._kernels: dict[tuple[Any, str], Any] = {}
+        self._scratch: dict[str, Any] = {}
+        self._lock = threading.RLock()
+        self._caps: Capabilities | None = None
+        #: How many OpenCL programs this instance has built (each family and configuration once).
+        self.program_builds = 0
+
+    # ------------------------------------------------------------------ identity
+
+    def name(self) -> str:
+        return "opencl"
+
+    def _devices(self) -> list[Any]:
+        return list_devices(self._platform_filter, self._device_filter)
+
+    def _selected(self) -> Any:
+        if self._device is not None:
+            return self._device
+        devices = self._devices()
+        if self._ordinal >= len(devices):
+            raise DeviceError(
+                f"OpenCL device {self._ordinal} does not exist ({len(devices)} device(s) match"
+                + (f" platform={self._platform_filter!r}" if self._platform_filter else "")
+                + (f" device_filter={self._device_filter!r}" if self._device_filter else "")
+                + ")"
+            )
+        return devices[self._ordinal]
+
+    def capabilities(self) -> Capabilities:
+        if self._caps is None:
+            try:
+                self._caps = _capabilities(self._selected())
+            except (DeviceError, cl.Error):
+                return Capabilities(supports_fp64=False, native_ops=_OPS)
+        return self._caps
+
+    def available_devices(self) -> list[DeviceInfo]:
+        infos = []
+        for ordinal, dev in enumerate(self._devices()):
+            try:
+                infos.append(_device_info(ordinal, dev))
+            except cl.Error:
+                continue
+        return infos
+
+    def device_name(self) -> str:
+        """Name of the device this backend uses (or will use after ``init``)."""
+        return str(self._selected().name).strip()
+
+    def recommended_tile_for(self, m: int, n: int, k: int) -> TileShape:
+        """The float32 tile the GEMM kernel uses for this problem.
+
+        ``tile_m`` rows and ``tile_n`` columns of C belong to one work-item: an MR x NR
+        register block walked ``tile_n / NR`` times along n. ``tile_k`` is 1: k streams
+        through the registers one rank-1 update at a time from packed panels.
+        """
+        mm, nn = as_count("m", m), as_count("n", n)
+        as_count("k", k)
+        vw, nr = _GEMM_TILE[F32]
+        mr = 2 * vw
+        nb = self._walk(_ceil_div(max(mm, 1), mr), _ceil_div(max(nn, 1), nr), 1)
+        return TileShape(mr, nr * nb, 1)
+
+    # ------------------------------------------------------------------ lifecycle and memory
+
+    def _open(self) -> None:
+        dev = self._selected()
+        try:
+            self._context = cl.Context([dev])
+            self._queue = cl.CommandQueue(self._context, dev)
+        except cl.Error as exc:
+            raise DeviceError(f"cannot open OpenCL device {dev.name.strip()!r}: {exc}") from exc
+        self._device = dev
+        self._caps = _capabilities(dev)
+        self._compute_units = max(1, int(dev.max_compute_units))
+        self._max_alloc = int(dev.max_mem_alloc_size)
+        self._total = int(dev.global_mem_size)
+        self._max_wg = int(dev.max_work_group_size)
+
+    def _new_buffer(self, nbytes: int) -> Any:
+        if nbytes > self._max_alloc:
+            raise OutOfMemoryError(nbytes, self._max_alloc)
+        try:
+            return cl.Buffer(self._context, cl.mem_flags.READ_WRITE, nbytes)
+        except (cl.MemoryError, MemoryError) as exc:
+            raise OutOfMemoryError(nbytes, None) from exc
+        except cl.Error as exc:
+            code = getattr(exc, "code", None)
+            oom_codes = {
+                cl.status_code.MEM_OBJECT_ALLOCATION_FAILURE,
+                cl.status_code.OUT_OF_RESOURCES,
+                cl.status_code.OUT_OF_HOST_MEMORY,
+                cl.status_code.INVALID_BUFFER_SIZE,
+            }
+            if code in oom_codes:
+                raise OutOfMemoryError(nbytes, None) from exc
+            raise
+
+    def _allocate(self, nbytes: int) -> tuple[int, Any]:
+        with self._lock:
+            buffer = self._new_buffer(nbytes)
+        return self._addresses.reserve(nbytes), buffer
+
+    def _release(self, allocation: Allocation) -> None:
+        buffer = allocation.payload
+        allocation.payload = None
+        if buffer is not None:
+            buffer.release()
+
+    def _write(self, region: Region, data: memoryview) -> None:
+        with self._lock:
+            cl.enqueue_copy(self._queue, region.payload, data, dst_offset=region.offset, is_blocking=True)
+
+    def _read(self, region: Region, out: memoryview) -> None:
+        host = np.frombuffer(out, dtype=np.uint8)
+        with self._lock:
+            cl.enqueue_copy(self._queue, host, region.payload, src_offset=region.offset, is_blocking=True)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._queue is not None:
+                self._queue.finish()
+            super().close()
+            self._scratch.clear()
+
+    @guarded
+    def synchronize(self) -> None:
+        self._memory()
+        with self._lock:
+            self._queue.finish()
+
+    # ------------------------------------------------------------------ programs
+
+    def _kernel(self, family: str, name: str, **defines: Any) -> Any:
+        """The kernel ``name`` of ``family`` built with ``defines``; built once, then cached."""
+        key = (family, tuple(sorted((k, str(val)) for k, val in defines.items())))
+        program = self._programs.get(key)
+        if program is None:
+            source = kernel_source(FAMILIES[family])
+            options = [f"-D{k}={val}" for k, val in key[1]]
+            try:
+                program = cl.Program(self._context, source).build(options=options)
+            except cl.Error as exc:
+                raise DeviceError(f"building the OpenCL {family} kernels failed: {exc}") from exc
+            self._programs[key] = program
+            self.program_builds += 1
+        kernel = self._kernels.get((program, name))
+        if kernel is None:
+            kernel = cl.Kernel(program, name)
+            self._kernels[(program, name)] = kernel
+        return kernel
+
+    def _launch(self, kernel: Any, global_size: Sequence[int], local_size: Sequence[int] | None, *args: Any) -> None:
+        if local_size is not None:
+            global_size = [_round_up(g, ls) for g, ls in zip(global_size, local_size, strict=True)]
+        if any(g == 0 for g in global_size):
+            return
+        kernel.set_args(*args)
+        cl.enqueue_nd_range_kernel(self._queue, kernel, tuple(global_size), None if local_size is None else tuple(local_size))
+
+    def _scratch_buffer(self, slot: str, nbytes: int) -> Any:
+        """A device scratch buffer of at least ``nbytes`` bytes, reused across calls.
+
+        The queue is in order, so a later operation reusing the buffer runs after every
+        kernel of an earlier one that read or wrote it.
+        """
+        nbytes = max(nbytes, 64)
+        buffer = self._scratch.get(slot)
+        if buffer is None or buffer.size < nbytes:
+            self._scratch.pop(slot, None)
+            buffer = self._new_buffer(_round_up(nbytes, 1 << 16))
+            self._scratch[slot] = buffer
+        return buffer
+
+    def _upload_indices(self, values: np.ndarray[Any, Any]) -> Any:
+        data = np.ascontiguousarray(values, dtype=np.int64)
+        return cl.Buffer(self._context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=data)
+
+    @staticmethod
+    def _at(region: Region, itemsize: int = 4) -> _Operand:
+        return _Operand(region.payload, region.offset // itemsize)
+
+    def _input(self, region: Region, against: Iterable[Region], itemsize: int = 4, same_ok: bool = False) -> _Operand:
+        """The operand at ``region``, or a device-side snapshot of it when it overlaps an output.
+
+        ``same_ok`` accepts an output that starts exactly where the input starts (element-wise
+        kernels read each element before writing it).
+        """
+        for out in against:
+            if region.overlaps(out) and not (same_ok and out.offset == region.offset):
+                copy = self._new_buffer(region.nbytes)
+                cl.enqueue_copy(
+                    self._queue, copy, region.payload, byte_count=region.nbytes, src_offset=region.offset, dst_offset=0
+                )
+                return _Operand(copy, 0)
+        return self._at(region, itemsize)
+
+    def _fill(self, region: Region, count: int, value: float = 0.0) -> None:
+        if count == 0:
+            return
+        kernel = self._kernel("elementwise", "fill_f32")
+        self._launch(kernel, (count,), (min(256, self._max_wg),), region.payload, I64(region.offset // 4), np.float32(value), I64(count))
+
+    # ------------------------------------------------------------------ GEMM engine
+
+    def _walk(self, a_panels: int, b_panels: int, batches: int) -> int:
+        """NR-blocks one work-item walks along n: long walks keep the A panel in cache, while
+        enough work-groups remain to keep every compute unit busy."""
+        units = getattr(self, "_compute_units", 1)
+        nb = (a_panels * b_panels * batches) // (64 * units)
+        return max(1, min(_MAX_NB, nb, b_panels))
+
+    def _gemm_kernels(self, dtype: np.dtype[Any], family: str = "gemm") -> dict[str, Any]:
+        vw, nr = _GEMM_TILE[dtype]
+        defines: dict[str, Any] = {"VW": vw, "NR": nr, "REAL": "double" if dtype == F64 else "float"}
+        if dtype == F64:
+            defines["USE_FP64"] = 1
+        return {
+            name: self._kernel(family, name, **defines) for name in ("pack_a", "pack_b", "gemm_panels", "scale_c")
+        }
+
+    def _panels(
+        self,
+        dtype: np.dtype[Any],
+        m: int,
+        n: int,
+        k: int,
+        alpha: float,
+        beta: float,
+        batches: int,
+        ap: Any,
+        ap_stride: int,
+        bp: Any,
+        bp_stride: int,
+        c: _Operand,
+        c_stride: int,
+        ldc: int,
+    ) -> None:
+        """Run the micro-kernel over packed panels: C = alpha * Ap * Bp + beta * C per batch."""
+        vw, nr = _GEMM_TILE[dtype]
+        mr = 2 * vw
+        a_panels, b_panels = _ceil_div(m, mr), _ceil_div(n, nr)
+        nb = self._walk(a_panels, b_panels, batches)
+        real = dtype.type
+        kernel = self._gemm_kernels(dtype)["gemm_panels"]
+        self._launch(
+            kernel,
+            (a_panels, _ceil_div(b_panels, nb), batches),
+            (1, 1, 1),
+            ap, I64(ap_stride), bp, I64(bp_stride), c.buffer, I64(c.offset), I64(c_stride), I32(ldc),
+            I32(m), I32(n), I32(k), real(alpha), real(beta), I32(nb),
+        )  # fmt: skip
+
+    def _gemm(
+        self,
+        p: v.GemmProblem,
+        batches: int = 1,
+        strides: tuple[int, int, int] = (0, 0, 0),
+        mode: int = 0,
+    ) -> None:
+        """Pack op(A), op(B) (rounding them when ``mode`` is 1 / 2) and multiply, per batch."""
+        dtype = p.dtype
+        size = dtype.itemsize
+        if p.empty or batches == 0:
+            return
+        kernels = self._gemm_kernels(dtype)
+        real = dtype.type
+        c = self._at(p.c, size)
+        if p.product_skipped:
+            self._launch(
+                kernels["scale_c"], (p.m, p.n, batches), None,
+                c.buffer, I64(c.offset), I64(strides[2]), I32(p.ldc), I32(p.m), I32(p.n), real(p.beta),
+            )  # fmt: skip
+            return
+        vw, nr = _GEMM_TILE[dtype]
+        mr = 2 * vw
+        a_panels, b_panels = _ceil_div(p.m, mr), _ceil_div(p.n, nr)
+        ap_stride, bp_stride = a_panels * mr * p.k, b_panels * nr * p.k
+        ap = self._scratch_buffer("ap", ap_stride * batches * size)
+        bp = self._scratch_buffer("bp", bp_stride * batches * size)
+        a, b = self._at(p.a, size), self._at(p.b, size)
+        self._launch(
+            kernels["pack_a"], (p.k, a_panels, batches), None,
+            a.buffer, I64(a.offset), I64(strides[0]), I32(p.lda), I32(int(p.trans_a)), I32(p.m), I32(p.k),
+            ap, I64(ap_stride), I32(mode),
+        )  # fmt: skip
+        self._launch(
+            kernels["pack_b"], (p.k, b_panels, batches), None,
+            b.buffer, I64(b.offset), I64(strides[1]), I32(p.ldb), I32(int(p.trans_b)), I32(p.k), I32(p.n),
+            bp, I64(bp_stride), I32(mode),
+        )  # fmt: skip
+        self._panels(dtype, p.m, p.n, p.k, p.alpha, p.beta, batches, ap, ap_stride, bp, bp_stride, c, strides[2], p.ldc)
+
+    def _check_dtype(self, dtype: np.dtype[Any]) -> None:
+        if dtype == F64 and not self.capabilities().supports_fp64:
+            raise UnsupportedError(
+                f"float64 gemm: OpenCL device {self.device_name()!r} has no double precision (cl_khr_fp64)"
+            )
+
+    @guarded
+    def gemm(
+        self,
+        trans_a: Any,
+        trans_b: Any,
+        m: int,
+        n: int,
+        k: int,
+        alpha: float,
+        a_ptr: int,
+        lda: int,
+        b_ptr: int,
+        ldb: int,
+        beta: float,
+        c_ptr: int,
+        ldc: int,
+        *,
+        dtype: Any = "float64",
+    ) -> None:
+        p = v.gemm_problem(
+            self._memory(), trans_a, trans_b, m, n, k, alpha, a_ptr, lda, b_ptr, ldb, beta, c_ptr, ldc, dtype
+        )
+        self._check_dtype(p.dtype)
+        with self._lock:
+            self._gemm(p)
+
+    @guarded
+    def batched_gemm(
+        self,
+        trans_a: Any,
+        trans_b: Any,
+        m: int,
+        n: int,
+        k: int,
+        alpha: float,
+        a_ptr: int,
+        lda: int,
+        stride_a: int,
+        b_ptr: int,
+        ldb: int,
+        stride_b: int,
+        beta: float,
+        c_ptr: int,
+        ldc: int,
+        stride_c: int,
+        batch_count: int,
+        *,
+        dtype: Any = "float32",
+    ) -> None:
+        p = v.batched_gemm_problem(
+            self._memory(), trans_a, trans_b, m, n, k, alpha, a_ptr, lda, stride_a, b_ptr, ldb, stride_b,
+            beta, c_ptr, ldc, stride_c, batch_count, dtype,
+        )  # fmt: skip
+        self._check_dtype(p.gemm.dtype)
+        if p.empty:
+            return
+        with self._lock:
+            self._gemm(p.gemm, p.batch_count, (p.stride_a, p.stride_b, p.stride_c))
+
+    @guarded
+    def gemm_mixed_precision(
+        self,
+        prec: Any,
+        trans_a: Any,
+        trans_b: Any,
+        m: int,
+        n: int,
+        k: int,
+        alpha: float,
+        a_ptr: int,
+        lda: int,
+        b_ptr: int,
+        ldb: int,
+        beta: float,
+        c_ptr: int,
+        ldc: int,
+    ) -> None:
+        fmt = v.mixed_precision_format(prec)
+        p = v.gemm_problem(
+            self._memory(), trans_a, trans_b, m, n, k, alpha, a_ptr, lda, b_ptr, ldb, beta, c_ptr, ldc, F32
+        )
+        with self._lock:
+            self._gemm(p, mode=_ROUND_MODES[fmt])
+
+    # ------------------------------------------------------------------ convolution
+
+    def _conv_kernel(self, name: str) -> Any:
+        vw, nr = _GEMM_TILE[F32]
+        return self._kernel("conv", name, VW=vw, NR=nr, REAL="float")
+
+    def _conv_dims(self, p: v.ConvProblem) -> tuple[Any, ...]:
+        return (I32(p.c), I32(p.h), I32(p.w), I32(p.fh), I32(p.fw), I32(p.oh), I32(p.ow),
+                I32(p.sh), I32(p.sw), I32(p.ph), I32(p.pw))  # fmt: skip
+
+    @staticmethod
+    def _chunks(total: int, per_item_bytes: int) -> Iterable[tuple[int, int]]:
+        step = max(1, min(total, _CONV_SCRATCH // max(1, per_item_bytes)))
+        for start in range(0, total, step):
+            yield start, min(total, start + step)
+
+    @guarded
+    def conv2d_forward(
+        self,
+        input_ptr: int,
+        input_shape: Any,
+        filter_ptr: int,
+        filter_shape: Any,
+        output_ptr: int,
+        output_shape: Any,
+        stride: Any,
+        padding: Any,
+    ) -> None:
+        p = v.conv_problem(
+            self._memory(),
+            ("input_ptr", input_ptr, input_shape),
+            ("filter_ptr", filter_ptr, filter_shape),
+            ("output_ptr", output_ptr, output_shape),
+            stride,
+            padding,
+        )
+        if p.empty_output:
+            return
+        with self._lock:
+            if p.c == 0:
+                self._fill(p.y, p.n * p.k * p.oh * p.ow)
+                return
+            vw, nr = _GEMM_TILE[F32]
+            mr = 2 * vw
+            crs, spatial = p.c * p.fh * p.fw, p.oh * p.ow
+            x = self._input(p.x, [p.y])
+            f = self._input(p.f, [p.y])
+            y = self._at(p.y)
+            # Column-major view per image: out^T (S x K) = cols^T (S x CRS) @ filter^T (CRS x K).
+            a_panels, b_panels = _ceil_div(spatial, mr), _ceil_div(p.k, nr)
+            ap_stride, bp_stride = a_panels * mr * crs, b_panels * nr * crs
+            bp = self._scratch_buffer("bp", bp_stride * 4)
+            gk = self._gemm_kernels(F32)
+            self._launch(
+                gk["pack_b"], (crs, b_panels, 1), None,
+                f.buffer, I64(f.offset), I64(0), I32(crs), I32(0), I32(crs), I32(p.k), bp, I64(0), I32(0),
+            )  # fmt: skip
+            pack = self._conv_kernel("pack_a_im2col")
+            for n0, n1 in self._chunks(p.n, ap_stride * 4):
+                images = n1 - n0
+                ap = self._scratch_buffer("ap", ap_stride * images * 4)
+                self._launch(
+                    pack, (crs, a_panels, images), None,
+                    x.buffer, I64(x.offset), I64(n0), *self._conv_dims(p), ap, I64(ap_stride),
+                )  # fmt: skip
+                out = _Operand(y.buffer, y.offset + n0 * p.k * spatial)
+                self._panels(F32, spatial, p.k, crs, 1.0, 0.0, images, ap, ap_stride, bp, 0, out, p.k * spatial, spatial)
+
+    @guarded
+    def conv2d_backward_data(
+        self,
+        grad_output_ptr: int,
+        grad_output_shape: Any,
+        filter_ptr: int,
+        filter_shape: Any,
+        grad_input_ptr: int,
+        grad_input_shape: Any,
+        stride: Any,
+        padding: Any,
+    ) -> None:
+        p = v.conv_problem(
+            self._memory(),
+            ("grad_input_ptr", grad_input_ptr, grad_input_shape),
+            ("filter_ptr", filter_ptr, filter_shape),
+            ("grad_output_ptr", grad_output_ptr, grad_output_shape),
+            stride,
+            padding,
+        )
+        total = p.n * p.c * p.h * p.w
+        if total == 0:
+            return
+        with self._lock:
+            if p.empty_output:
+                self._fill(p.x, total)
+                return
+            vw, nr = _GEMM_TILE[F32]
+            mr = 2 * vw
+            crs, spatial = p.c * p.fh * p.fw, p.oh * p.ow
+            gy = self._input(p.y, [p.x])
+            f = self._input(p.f, [p.x])
+            gx = self._at(p.x)
+            # Column gradients per image: gcols^T (S x CRS) = grad_out^T (S x K) @ filter (K x CRS).
+            a_panels, b_panels = _ceil_div(spatial, mr), _ceil_div(crs, nr)
+            ap_stride, bp_stride = a_panels * mr * p.k, b_panels * nr * p.k
+            gk = self._gemm_kernels(F32)
+            bp = self._scratch_buffer("bp", bp_stride * 4)
+            self._launch(
+                gk["pack_b"], (p.k, b_panels, 1), None,
+                f.buffer, I64(f.offset), I64(0), I32(crs), I32(1), I32(p.k), I32(crs), bp, I64(0), I32(0),
+            )  # fmt: skip
+            fold = self._conv_kernel("col2im")
+            per_image = (ap_stride + crs * spatial) * 4
+            for n0, n1 in self._chunks(p.n, per_image):
+                images = n1 - n0
+                ap = self._scratch_buffer("ap", ap_stride * images * 4)
+                gcols = self._scratch_buffer("cols", crs * spatial * images * 4)
+                self._launch(
+                    gk["pack_a"], (p.k, a_panels, images), None,
+                    gy.buffer, I64(gy.offset + n0 * p.k * spatial), I64(p.k * spatial), I32(spatial), I32(0),
+                    I32(spatial), I32(p.k), ap, I64(ap_stride), I32(0),
+                )  # fmt: skip
+                cols = _Operand(gcols, 0)
+                self._panels(F32, spatial, crs, p.k, 1.0, 0.0, images, ap, ap_stride, bp, 0, cols, crs * spatial, spatial)
+                self._launch(
+                    fold, (p.h * p.w, p.c, images), None,
+                    gcols, gx.buffer, I64(gx.offset), I64(n0), *self._conv_dims(p),
+                )  # fmt: skip
+
+    @guarded
+    def conv2d_backward_filter(
+        self,
+        input_ptr: int,
+        input_shape: Any,
+        grad_output_ptr: int,
+        grad_output_shape: Any,
+        grad_filter_ptr: int,
+        grad_filter_shape: Any,
+        stride: Any,
+        padding: Any,
+    ) -> None:
+        p = v.conv_problem(
+            self._memory(),
+            ("input_ptr", input_ptr, input_shape),
+            ("grad_filter_ptr", grad_filter_ptr, grad_filter_shape),
+            ("grad_output_ptr", grad_output_ptr, grad_output_shape),
+            stride,
+            padding,
+        )
+        crs, spatial = p.c * p.fh * p.fw, p.oh * p.ow
+        total = p.k * crs
+        if total == 0:
+            return
+        with self._lock:
+            if p.empty_output:
+                self._fill(p.f, total)
+                return
+            vw, nr = _GEMM_TILE[F32]
+            mr = 2 * vw
+            x = self._input(p.x, [p.f])
+            gy = self._input(p.y, [p.f])
+            gf = self._at(p.f)
+            # grad_filter^T (CRS x K) = sum over images of cols (CRS x S) @ grad_out^T (S x K):
+            # one GEMM with k = images * S per chunk, accumulated with beta = 1 across chunks.
+            a_panels, b_panels = _ceil_div(crs, mr), _ceil_div(p.k, nr)
+            pack_a = self._conv_kernel("pack_a_cols_t")
+            pack_b = self._conv_kernel("pack_b_grad_out")
+            per_image = (a_panels * mr + b_panels * nr) * spatial * 4
+            for n0, n1 in self._chunks(p.n, per_image):
+                images = n1 - n0
+                kk = images * spatial
+                ap = self._scratch_buffer("ap", a_panels * mr * kk * 4)
+                bp = self._scratch_buffer("bp", b_panels * nr * kk * 4)
+                self._launch(
+                    pack_a, (kk, a_panels), None,
+                    x.buffer, I64(x.offset), I64(n0), I32(images), *self._conv_dims(p), ap,
+                )  # fmt: skip
+                self._launch(
+                    pack_b, (kk, b_panels), None,
+                    gy.buffer, I64(gy.offset), I64(n0), I32(images), I32(p.k), I32(p.oh), I32(p.ow), bp,
+                )  # fmt: skip
+                beta = 0.0 if n0 == 0 else 1.0
+                self._panels(F32, crs, p.k, kk, 1.0, beta, 1, ap, 0, bp, 0, gf, 0, crs)
+
+    # ------------------------------------------------------------------ attention
+
+    @guarded
+    def attention(
+        self,
+        q_ptr: int,
+        k_ptr: int,
+        v_ptr: int,
+        o_ptr: int,
+        batch: int,
+        heads: int,
+        seq_q: int,
+        seq_kv: int,
+        head_dim: int,
+        scale: float,
+        causal: bool,
+    ) -> None:
+        p = v.attention_problem(
+            self._memory(), q_ptr, k_ptr, v_ptr, o_ptr, batch, heads, seq_q, seq_kv, head_dim, scale, causal
+        )
+        if p.seq_q > np.iinfo(np.int32).max or p.seq_kv > np.iinfo(np.int32).max:
+            raise InvalidArgumentError("seq_q and seq_kv must fit in 32 bits")
+        with self._lock:
+            q = self._input(p.q, [p.o])
+            k = self._input(p.k, [p.o])
+            val = self._input(p.v, [p.o])
+            o = self._at(p.o)
+            bkv = max(1, min(64, 6144 // p.head_dim))
+            bq = min(_ATTN_BQ, self._max_wg)
+            kernel = self._kernel("attention", "attention_fwd", HD=p.head_dim, BQ=bq, BKV=bkv)
+            self._launch(
+                kernel, (_round_up(p.seq_q, bq), p.batch * p.heads), (bq, 1),
+                q.buffer, I64(q.offset), k.buffer, I64(k.offset), val.buffer, I64(val.offset),
+                o.buffer, I64(o.offset), I32(p.seq_q), I32(p.seq_kv), np.float32(p.scale), I32(int(p.causal)),
+            )  # fmt: skip
+
+    # ------------------------------------------------------------------ reductions
+
+    @guarded
+    def reduce(self, op: Any, input_ptr: int, output_ptr: int, shape: Any, axis: int) -> None:
+        p = v.axis_problem(self._memory(), op, input_ptr, output_ptr, shape, axis)
+        count = p.outer * p.inner
+        if count == 0:
+            return
+        assert p.op is not None
+        with self._lock:
+            x = self._input(p.input, [p.output])
+            y = self._at(p.output)
+            code = I32(_REDUCE_CODES[p.op])
+            if p.inner == 1:
+                kernel = self._kernel("reduce", "reduce_rows", LS=_REDUCE_LS)
+                self._launch(
+                    kernel, (p.outer * _REDUCE_LS,), (_REDUCE_LS,),
+                    x.buffer, I64(x.offset), y.buffer, I64(y.offset), I64(p.length), code,
+                )  # fmt: skip
+            else:
+                kernel = self._kernel("reduce", "reduce_cols", LS=_REDUCE_LS)
+                self._launch(
+                    kernel, (count,), (min(64, self._max_wg),),
+                    x.buffer, I64(x.offset), y.buffer, I64(y.offset), I64(p.outer), I64(p.length), I64(p.inner), code,
+                )  # fmt: skip
+
+    @guarded
+    def softmax(self, input_ptr: int, output_ptr: int, shape: Any, axis: int) -> None:
+        p = v.axis_problem(self._memory(), None, input_ptr, output_ptr, shape, axis)
+        if p.outer * p.length * p.inner == 0:
+            return
+        with self._lock:
+            x = self._input(p.input, [p.output], same_ok=True)
+            y = self._at(p.output)
+            if p.inner == 1:
+                kernel = self._kernel("reduce", "softmax_rows", LS=_REDUCE_LS)
+                self._launch(
+                    kernel, (p.outer * _REDUCE_LS,), (_REDUCE_LS,),
+                    x.buffer, I64(x.offset), y.buffer, I64(y.offset), I64(p.length),
+                )  # fmt: skip
+            else:
+                kernel = self._kernel("reduce", "softmax_cols", LS=_REDUCE_LS)
+                self._launch(
+                    kernel, (p.outer * p.inner,), (min(64, self._max_wg),),
+                    x.buffer, I64(x.offset), y.buffer, I64(y.offset), I64(p.outer), I64(p.length), I64(p.inner),
+                )  # fmt: skip
+
+    # ------------------------------------------------------------------ element-wise
+
+    def _elementwise_local(self, n: int) -> int:
+        return min(1024, self._max_wg) if n >= (1 << 16) else min(64, self._max_wg)
+
+    @guarded
+    def unary(self, op: Any, input_ptr: int, output_ptr: int, n: int) -> None:
+        p = v.unary_problem(self._memory(), op, input_ptr, output_ptr, n)
+        if p.n == 0:
+            return
+        assert isinstance(p.op, UnaryOp)
+        with self._lock:
+            x = self._input(p.a, [p.out], same_ok=True)
+            y = self._at(p.out)
+            kernel = self._kernel("elementwise", f"unary_{p.op.value}")
+            self._launch(
+                kernel, (p.n,), (self._elementwise_local(p.n),),
+                x.buffer, I64(x.offset), y.buffer, I64(y.offset), I64(p.n),
+            )  # fmt: skip
+
+    @guarded
+    def binary(self, op: Any, a_ptr: int, b_ptr: int, output_ptr: int, n: int) -> None:
+        p = v.binary_problem(self._memory(), op, a_ptr, b_ptr, output_ptr, n)
+        if p.n == 0:
+            return
+        assert isinstance(p.op, BinaryOp) and p.b is not None
+        with self._lock:
+            a = self._input(p.a, [p.out], same_ok=True)
+            b = self._input(p.b, [p.out], same_ok=True)
+            y = self._at(p.out)
+            kernel = self._kernel("elementwise", f"binary_{p.op.value}")
+            self._launch(
+                kernel, (p.n,), (self._elementwise_local(p.n),),
+                a.buffer, I64(a.offset), b.buffer, I64(b.offset), y.buffer, I64(y.offset), I64(p.n),
+            )  # fmt: skip
+
+    # ------------------------------------------------------------------ gather / scatter
+
+    def _rows_local(self, cols: int) -> tuple[int, int]:
+        lx = min(64, _round_up(cols, 8), self._max_wg)
+        return lx, 1
+
+    @guarded
+    def gather(self, input_ptr: int, indices: Any, output_ptr: int, rows: int, cols: int) -> None:
+        p = v.gather_problem(self._memory(), input_ptr, indices, output_ptr, rows, cols)
+        count = int(p.indices.size)
+        if count == 0 or p.cols == 0:
+            return
+        with self._lock:
+            x = self._input(p.input, [p.output])
+            y = self._at(p.output)
+            idx = self._upload_indices(p.indices)
+            kernel = self._kernel("gather", "gather_rows")
+            self._launch(
+                kernel, (p.cols, count), self._rows_local(p.cols),
+                x.buffer, I64(x.offset), idx, y.buffer, I64(y.offset), I64(p.cols), I64(count),
+            )  # fmt: skip
+
+    @guarded
+    def scatter(self, input_ptr: int, indices: Any, output_ptr: int, rows: int, cols: int) -> None:
+        p = v.scatter_problem(self._memory(), input_ptr, indices, output_ptr, rows, cols)
+        if p.indices.size == 0 or p.cols == 0:
+            return
+        # Index bookkeeping on the host: each destination row once, with the last source naming it.
+        destinations, sources = v.last_occurrences(p.indices)
+        count = int(destinations.size)
+        with self._lock:
+            x = self._input(p.input, [p.output])
+            y = self._at(p.output)
+            src = self._upload_indices(sources)
+            dst = self._upload_indices(destinations)
+            kernel = self._kernel("gather", "scatter_rows")
+            self._launch(
+                kernel, (p.cols, count), self._rows_local(p.cols),
+                x.buffer, I64(x.offset), src, dst, y.buffer, I64(y.offset), I64(p.cols), I64(count),
+            )  # fmt: skip
+
