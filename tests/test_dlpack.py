@@ -263,7 +263,7 @@ def test_torch_round_trip(be: ch.CpuBackend) -> None:
     assert back.numpy().tolist() == [-1, -1, -1, -1]
 
 
-def test_example_numpy_network_runs() -> None:
+def test_example_numpy_network_runs(be: ch.CpuBackend, capsys: pytest.CaptureFixture[str]) -> None:
     import runpy
     from pathlib import Path
 
@@ -271,4 +271,5 @@ def test_example_numpy_network_runs() -> None:
     if not path.exists():
         pytest.skip("example not present")
     namespace: dict[str, Any] = runpy.run_path(str(path), run_name="not_main")
-    namespace["main"]()
+    namespace["main"](be)
+    assert "without a copy" in capsys.readouterr().out
