@@ -34,8 +34,8 @@ DEVICE float chal_group_reduce(LOCAL float* part, int op, float mine) {
     int t = LID(0);
     part[t] = mine;
     BARRIER();
-    for (int half = LS / 2; half > 0; half >>= 1) {
-        if (t < half) part[t] = chal_combine(op, part[t], part[t + half]);
+    for (int span = LS / 2; span > 0; span >>= 1) {
+        if (t < span) part[t] = chal_combine(op, part[t], part[t + span]);
         BARRIER();
     }
     float r = part[0];
