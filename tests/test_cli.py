@@ -235,3 +235,59 @@ def test_python_dash_m() -> None:
 def test_format_table() -> None:
     text = cli.format_table(("A", "LONGER"), [("x", 1), ("yyyy", 22)])
     assert text.splitlines() == ["A     LONGER", "----  ------", "x     1", "yyyy  22"]
+
+
+# ---------------------------------------------------------------------- the transformer example
+
+
+def _numpy_block(w: dict[str, Any], heads: int) -> tuple[Any, Any]:
+    """The example's block written directly in NumPy (float64), independent of computehal."""
+    import numpy as np
+
+    x = w["x"].astype(np.float64)
+    s, d = x.shape
+    hd = d // heads
+
+    def split(m: Any) -> Any:
+        return (x @ m.astype(np.float64)).reshape(s, heads, hd).transpose(1, 0, 2)
+
+    q, k, v = split(w["wq"]), split(w["wk"]), split(w["wv"])
+    scores = np.einsum("hqd,hkd->hqk", q, k) / np.sqrt(hd)
+    scores = np.where(np.tril(np.ones((s, s), dtype=bool)), scores, -np.inf)
+    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    weights /= weights.sum(axis=-1, keepdims=True)
+    attn = np.einsum("hqk,hkd->hqd", weights, v).transpose(1, 0, 2).reshape(s, d)
+    h1 = x + attn @ w["wo"]
+    u = h1 @ w["w1"]
+    y = h1 + (u / (1.0 + np.exp(-u))) @ w["w2"]
+    logits = y.mean(axis=0) @ w["wcls"]
+    probs = np.exp(logits - logits.max())
+    return y, probs / probs.sum()
+
+
+def test_transformer_example_matches_numpy(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import pathlib
+    import runpy
+
+    import numpy as np
+
+    from computehal import CpuBackend
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "examples" / "transformer_block.py"
+    example = runpy.run_path(str(path))
+    cfg = example["Config"](seq=24, d_model=32, heads=4, d_ff=48, classes=5)
+    weights = example["make_weights"](cfg, seed=3)
+    with CpuBackend() as cpu:
+        got = example["forward"](cpu, cfg, weights)
+    hidden, probs = _numpy_block(weights, cfg.heads)
+    np.testing.assert_allclose(got["hidden"], hidden, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got["probabilities"], probs, rtol=1e-4, atol=1e-6)
+    # The script itself, pinned to the CPU backend through COMPUTEHAL_BACKEND.
+    monkeypatch.setenv(probe_mod.ENV_VAR, "cpu")
+    assert example["main"]([]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "backend: cpu" in out and "cpu was set by COMPUTEHAL_BACKEND" in out and out.rstrip().endswith("OK")
+    )
