@@ -1,0 +1,699 @@
+"""WgpuBackend on a real adapter (lavapipe in CI), checked against independent NumPy definitions.
+
+The whole module is skipped when wgpu-py or an adapter is missing, unless
+``COMPUTEHAL_REQUIRE_BACKENDS`` names wgpu (or vulkan / webgpu / metal), in which
+case a missing adapter is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from computehal import (
+    BackendError,
+    InvalidArgumentError,
+    MemoryKind,
+    NotInitializedError,
+    UnsupportedError,
+)
+
+F32 = np.float32
+Array = npt.NDArray[Any]
+
+
+def _required() -> bool:
+    names = {s.strip().lower() for s in os.environ.get("COMPUTEHAL_REQUIRE_BACKENDS", "").split(",")}
+    return bool(names & {"wgpu", "vulkan", "webgpu", "metal"})
+
+
+def _make() -> Any:
+    from computehal.backends.wgpu import WgpuBackend
+
+    backend = WgpuBackend()
+    backend.init()
+    return backend
+
+
+try:
+    _probe = _make()
+    _probe.close()
+    _REASON = ""
+except Exception as exc:  # noqa: BLE001 - any failure means "no usable adapter here"
+    _REASON = f"wgpu backend unavailable: {type(exc).__name__}: {exc}"
+
+if _REASON:
+    if _required():
+        raise RuntimeError(_REASON + " (required by COMPUTEHAL_REQUIRE_BACKENDS)")
+    pytest.skip(_REASON, allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def be() -> Iterator[Any]:
+    backend = _make()
+    yield backend
+    backend.close()
+
+
+def put(be: Any, array: npt.ArrayLike, dtype: Any = F32) -> int:
+    data = np.ascontiguousarray(array, dtype=dtype)
+    ptr = int(be.alloc(max(1, data.nbytes)))
+    if data.nbytes:
+        be.copy_htod(ptr, data)
+    return ptr
+
+
+def get(be: Any, ptr: int, shape: Any, dtype: Any = F32) -> Array:
+    out = np.empty(shape, dtype=dtype)
+    be.copy_dtoh(out, ptr)
+    return out
+
+
+def colmajor(mat: Array, ld: int, fill: float = 0.0) -> Array:
+    rows, cols = mat.shape
+    flat = np.full(ld * cols, fill, dtype=F32)
+    for j in range(cols):
+        flat[j * ld : j * ld + rows] = mat[:, j]
+    return flat
+
+
+def from_colmajor(flat: Array, rows: int, cols: int, ld: int) -> Array:
+    return np.stack([flat[j * ld : j * ld + rows] for j in range(cols)], axis=1)
+
+
+# ---------------------------------------------------------------------- identity
+
+
+def test_identity_and_devices(be: Any) -> None:
+    import wgpu
+
+    assert be.name() in ("vulkan", "metal", "webgpu")
+    caps = be.capabilities()
+    assert caps.supports_fp64 is False
+    assert caps.supports_fp16 == ("shader-f16" in be._device.adapter.features)
+    assert "gemm" in caps.native_ops and "attention" in caps.native_ops
+    devices = be.available_devices()
+    assert devices and len(devices) == len(wgpu.gpu.enumerate_adapters_sync())
+    for i, dev in enumerate(devices):
+        assert dev.ordinal == i and dev.name and dev.name != "adapter"
+        assert isinstance(dev.memory_kind, MemoryKind)
+        assert dev.capabilities.max_threads_per_block >= 64
+
+
+def test_not_initialized_before_init() -> None:
+    from computehal.backends.wgpu import WgpuBackend
+
+    fresh = WgpuBackend()
+    assert fresh.name() in ("vulkan", "metal", "webgpu")
+    assert not fresh.is_initialized()
+    with pytest.raises(NotInitializedError):
+        fresh.alloc(16)
+    with pytest.raises(NotInitializedError):
+        fresh.unary("relu", 1, 1, 0)
+    fresh.init()
+    fresh.init()
+    assert fresh.is_initialized()
+    fresh.close()
+
+
+def test_bad_adapter_index() -> None:
+    from computehal.backends.wgpu import WgpuBackend
+
+    with pytest.raises(BackendError):
+        WgpuBackend(adapter=999).init()
+
+
+# ---------------------------------------------------------------------- memory
+
+
+def test_alloc_free_errors(be: Any) -> None:
+    with pytest.raises(InvalidArgumentError):
+        be.alloc(0)
+    with pytest.raises(InvalidArgumentError):
+        be.alloc(-4)
+    ptr = be.alloc(10)
+    assert ptr % 64 == 0
+    with pytest.raises(InvalidArgumentError):
+        be.free(ptr + 4)
+    be.free(ptr)
+    with pytest.raises(InvalidArgumentError):
+        be.free(ptr)
+    with pytest.raises(InvalidArgumentError):
+        be.copy_htod(ptr, b"abcd")
+
+
+@pytest.mark.parametrize("size", [1, 3, 5, 13, 64, 67])
+def test_unaligned_byte_copies_are_exact(be: Any, size: int) -> None:
+    rng = np.random.default_rng(size)
+    initial = rng.integers(0, 256, size, dtype=np.uint8)
+    ptr = put(be, initial, np.uint8)
+    expected = initial.copy()
+    for start in range(size):
+        for length in range(1, min(6, size - start) + 1):
+            patch = rng.integers(0, 256, length, dtype=np.uint8)
+            be.copy_htod(ptr + start, patch.tobytes())
+            expected[start : start + length] = patch
+            back = bytearray(length)
+            be.copy_dtoh(back, ptr + start)
+            assert bytes(back) == patch.tobytes()
+    np.testing.assert_array_equal(get(be, ptr, size, np.uint8), expected)
+    with pytest.raises(InvalidArgumentError):
+        be.copy_htod(ptr, bytes(size + 1))  # the table records the requested size
+    be.free(ptr)
+
+
+def test_copy_accepts_buffer_protocol_objects(be: Any) -> None:
+    ptr = be.alloc(16)
+    be.copy_htod(ptr, memoryview(bytearray(b"0123456789abcdef")))
+    out = np.zeros(4, dtype=np.uint32)
+    be.copy_dtoh(out, ptr)
+    assert out.tobytes() == b"0123456789abcdef"
+    with pytest.raises(InvalidArgumentError):
+        be.copy_dtoh(b"read-only", ptr)
+    be.free(ptr)
+
+
+# ---------------------------------------------------------------------- GEMM
+
+
+@pytest.mark.parametrize("ta", ["N", "T", "C"])
+@pytest.mark.parametrize("tb", ["N", "T"])
+@pytest.mark.parametrize("shape", [(1, 1, 1), (70, 33, 129), (65, 64, 17)])
+@pytest.mark.parametrize("beta", [0.0, -0.5])
+def test_gemm(be: Any, ta: str, tb: str, shape: tuple[int, int, int], beta: float) -> None:
+    m, n, k = shape
+    rng = np.random.default_rng(m * 1000 + n + k)
+    a_rows, a_cols = (m, k) if ta == "N" else (k, m)
+    b_rows, b_cols = (k, n) if tb == "N" else (n, k)
+    a = rng.standard_normal((a_rows, a_cols)).astype(F32)
+    b = rng.standard_normal((b_rows, b_cols)).astype(F32)
+    c = rng.standard_normal((m, n)).astype(F32)
+    if beta == 0.0:
+        c[0, 0] = np.nan  # write-only C: the NaN must not survive
+    lda, ldb, ldc = a_rows + 2, b_rows + 1, m + 3
+    c_flat = colmajor(c, ldc, fill=123.0)
+    pa, pb, pc = put(be, colmajor(a, lda)), put(be, colmajor(b, ldb)), put(be, c_flat)
+    be.gemm(ta, tb, m, n, k, 1.25, pa, lda, pb, ldb, beta, pc, ldc, dtype="float32")
+    got_flat = get(be, pc, c_flat.shape)
+    op_a = a.astype(np.float64) if ta == "N" else a.T.astype(np.float64)
+    op_b = b.astype(np.float64) if tb == "N" else b.T.astype(np.float64)
+    want = 1.25 * np.einsum("ik,kj->ij", op_a, op_b) + (beta * c if beta else 0.0)
+    got = from_colmajor(got_flat, m, n, ldc)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.sqrt(k))
+    padding = np.ones(ldc * n, dtype=bool)
+    for j in range(n):
+        padding[j * ldc : j * ldc + m] = False
+    assert np.all(got_flat[padding] == 123.0)  # rows between m and ldc untouched
+    for p in (pa, pb, pc):
+        be.free(p)
+
+
+def test_gemm_quick_returns_do_not_read_a_b(be: Any) -> None:
+    c = np.array([1.0, np.nan, 3.0, 4.0], dtype=F32)
+    pc = put(be, c)
+    nan_ab = put(be, np.full(16, np.nan, dtype=F32))
+    be.gemm("N", "N", 2, 2, 0, 1.0, nan_ab, 2, nan_ab, 1, 0.0, pc, 2, dtype="float32")
+    np.testing.assert_array_equal(get(be, pc, 4), np.zeros(4))
+    be.copy_htod(pc, np.array([1, 2, 3, 4], dtype=F32))
+    be.gemm("N", "N", 2, 2, 2, 0.0, nan_ab, 2, nan_ab, 2, 2.0, pc, 2, dtype="float32")
+    np.testing.assert_array_equal(get(be, pc, 4), [2, 4, 6, 8])
+    be.gemm("N", "N", 0, 2, 2, 1.0, nan_ab, 1, nan_ab, 2, 0.0, pc, 1, dtype="float32")
+    np.testing.assert_array_equal(get(be, pc, 4), [2, 4, 6, 8])
+    be.free(pc)
+    be.free(nan_ab)
+
+
+def test_gemm_float64_is_unsupported(be: Any) -> None:
+    ptr = be.alloc(64)
+    with pytest.raises(UnsupportedError, match="float64"):
+        be.gemm("N", "N", 2, 2, 2, 1.0, ptr, 2, ptr, 2, 0.0, ptr, 2)
+    with pytest.raises(UnsupportedError, match="float64"):
+        be.batched_gemm("N", "N", 1, 1, 1, 1.0, ptr, 1, 1, ptr, 1, 1, 0.0, ptr, 1, 1, 2, dtype="float64")
+    be.free(ptr)
+
+
+def test_gemm_interior_pointers_and_overlap(be: Any) -> None:
+    rng = np.random.default_rng(7)
+    m = n = k = 9
+    a = rng.standard_normal((m, k)).astype(F32)
+    b = rng.standard_normal((k, n)).astype(F32)
+    # A, B, C packed in one allocation at odd float offsets; then C overlaps A.
+    blob = np.concatenate(
+        [np.zeros(3, F32), colmajor(a, m), np.zeros(5, F32), colmajor(b, k), np.zeros(m * n, F32)]
+    )
+    base = put(be, blob)
+    pa, pb = base + 3 * 4, base + (3 + m * k + 5) * 4
+    pc = pb + k * n * 4
+    be.gemm("N", "N", m, n, k, 1.0, pa, m, pb, k, 0.0, pc, m, dtype="float32")
+    got = from_colmajor(get(be, base, blob.shape)[3 + m * k + 5 + k * n :], m, n, m)
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+    # In-place: C is A (square), beta = 1 -> C = A @ B + A.
+    be.gemm("N", "N", m, n, k, 1.0, pa, m, pb, k, 1.0, pa, m, dtype="float32")
+    got = from_colmajor(get(be, base, blob.shape)[3 : 3 + m * k], m, k, m)
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b + a, rtol=1e-5, atol=1e-5)
+    with pytest.raises(InvalidArgumentError, match="aligned"):
+        be.gemm("N", "N", 1, 1, 1, 1.0, base + 1, 1, base, 1, 0.0, base + 8, 1, dtype="float32")
+    be.free(base)
+
+
+@pytest.mark.parametrize("ta,tb", [("N", "N"), ("T", "N"), ("N", "T")])
+def test_batched_gemm(be: Any, ta: str, tb: str) -> None:
+    rng = np.random.default_rng(11)
+    m, n, k, count = 17, 9, 33, 5
+    a_rows, a_cols = (m, k) if ta == "N" else (k, m)
+    b_rows, b_cols = (k, n) if tb == "N" else (n, k)
+    lda, ldb, ldc = a_rows + 1, b_rows, m + 2
+    sa, sb, sc = lda * a_cols + 3, ldb * b_cols, ldc * n + 7
+    a = rng.standard_normal((count, a_rows, a_cols)).astype(F32)
+    b = rng.standard_normal((count, b_rows, b_cols)).astype(F32)
+    c = rng.standard_normal((count, m, n)).astype(F32)
+
+    def pack(mats: Array, ld: int, stride: int) -> Array:
+        flat = np.full(stride * count, -7.0, dtype=F32)
+        for i, mat in enumerate(mats):
+            col = colmajor(mat, ld, fill=-7.0)
+            flat[i * stride : i * stride + col.size] = col
+        return flat
+
+    c_flat = pack(c, ldc, sc)
+    pa, pb, pc = put(be, pack(a, lda, sa)), put(be, pack(b, ldb, sb)), put(be, c_flat)
+    be.batched_gemm(ta, tb, m, n, k, 0.5, pa, lda, sa, pb, ldb, sb, 2.0, pc, ldc, sc, count)
+    got = get(be, pc, c_flat.shape)
+    for i in range(count):
+        op_a = a[i] if ta == "N" else a[i].T
+        op_b = b[i] if tb == "N" else b[i].T
+        want = 0.5 * np.einsum("ik,kj->ij", op_a.astype(np.float64), op_b) + 2.0 * c[i]
+        np.testing.assert_allclose(from_colmajor(got[i * sc :], m, n, ldc), want, rtol=1e-5, atol=1e-4)
+        np.testing.assert_array_equal(got[i * sc + ldc * (n - 1) + m : (i + 1) * sc], -7.0)
+    for p in (pa, pb, pc):
+        be.free(p)
+
+
+@pytest.mark.parametrize("prec", ["f16", "bf16"])
+def test_mixed_precision_rounds_like_ml_dtypes(be: Any, prec: str) -> None:
+    narrow = np.float16 if prec == "f16" else ml_dtypes.bfloat16
+    specials = np.array(
+        [1.0, 1.0009765625, 1.00048828125, 1.000732421875, 65504, 65519.99, 65520, 1e-7, 2.9802322e-08,
+         5.96e-8, 8.9e-8, -1e-5, 3.14159, np.inf, -np.inf, np.nan, 1.00390625, 1.001953125, 3.4e38, -0.0],
+        dtype=F32,
+    )  # fmt: skip
+    n = specials.size
+    pa, one, pc = put(be, specials), put(be, np.ones(1, F32)), be.alloc(4 * n)
+    # C (n x 1) = A (n x 1) @ [1]: each output is one rounded element of A.
+    be.gemm_mixed_precision(prec, "N", "N", n, 1, 1, 1.0, pa, n, one, 1, 0.0, pc, n)
+    with np.errstate(over="ignore"):
+        want = specials.astype(narrow).astype(F32)
+    np.testing.assert_array_equal(get(be, pc, n), want)
+    rng = np.random.default_rng(3)
+    m, nn, k = 31, 23, 40
+    a = (rng.standard_normal((m, k)) * 4).astype(F32)
+    b = (rng.standard_normal((k, nn)) * 4).astype(F32)
+    pa2, pb2, pc2 = put(be, colmajor(a, m)), put(be, colmajor(b, k)), be.alloc(4 * m * nn)
+    be.gemm_mixed_precision(prec, "N", "N", m, nn, k, 1.0, pa2, m, pb2, k, 0.0, pc2, m)
+    want2 = a.astype(narrow).astype(np.float64) @ b.astype(narrow).astype(np.float64)
+    np.testing.assert_allclose(from_colmajor(get(be, pc2, m * nn), m, nn, m), want2, rtol=1e-5, atol=1e-4)
+    for p in (pa, one, pc, pa2, pb2, pc2):
+        be.free(p)
+
+
+# ---------------------------------------------------------------------- convolution
+
+
+def conv_reference(x: Array, f: Array, stride: tuple[int, int], pad: tuple[int, int]) -> Array:
+    n, c, h, w = x.shape
+    k, _, fh, fw = f.shape
+    xp = np.zeros((n, c, h + 2 * pad[0], w + 2 * pad[1]))
+    xp[:, :, pad[0] : pad[0] + h, pad[1] : pad[1] + w] = x
+    oh = (h + 2 * pad[0] - fh) // stride[0] + 1
+    ow = (w + 2 * pad[1] - fw) // stride[1] + 1
+    y = np.zeros((n, k, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            patch = xp[:, :, i * stride[0] : i * stride[0] + fh, j * stride[1] : j * stride[1] + fw]
+            y[:, :, i, j] = np.einsum("ncrs,kcrs->nk", patch, f)
+    return y
+
+
+CONV_CASES = [
+    ((2, 3, 7, 6), (4, 3, 3, 3), (1, 1), (1, 1)),
+    ((1, 2, 9, 8), (3, 2, 2, 3), (2, 3), (0, 2)),
+    ((2, 3, 5, 5), (2, 3, 5, 5), (2, 2), (2, 2)),
+    ((1, 1, 6, 6), (1, 1, 1, 1), (3, 3), (0, 0)),
+]
+
+
+@pytest.mark.parametrize("xs,fs,stride,pad", CONV_CASES)
+def test_conv2d_forward_and_gradients(be: Any, xs: Any, fs: Any, stride: Any, pad: Any) -> None:
+    rng = np.random.default_rng(sum(xs) + sum(fs))
+    x = rng.standard_normal(xs).astype(F32)
+    f = rng.standard_normal(fs).astype(F32)
+    y_want = conv_reference(x.astype(np.float64), f.astype(np.float64), stride, pad)
+    ys = y_want.shape
+    px, pf, py = put(be, x), put(be, f), put(be, np.full(ys, np.nan, F32))
+    be.conv2d_forward(px, xs, pf, fs, py, ys, stride, pad)
+    np.testing.assert_allclose(get(be, py, ys), y_want, rtol=1e-5, atol=1e-5)
+    # Gradients of loss = sum(y * g) by linearity: d/dx and d/df via the reference's adjoint.
+    g = rng.standard_normal(ys).astype(F32)
+    pg = put(be, g)
+    gx_want = np.zeros(xs)
+    for idx in np.ndindex(*xs):
+        e = np.zeros(xs)
+        e[idx] = 1.0
+        gx_want[idx] = np.sum(conv_reference(e, f.astype(np.float64), stride, pad) * g)
+    gf_want = np.zeros(fs)
+    for idx in np.ndindex(*fs):
+        e = np.zeros(fs)
+        e[idx] = 1.0
+        gf_want[idx] = np.sum(conv_reference(x.astype(np.float64), e, stride, pad) * g)
+    pgx, pgf = put(be, np.full(xs, np.nan, F32)), put(be, np.full(fs, np.nan, F32))
+    be.conv2d_backward_data(pg, ys, pf, fs, pgx, xs, stride, pad)
+    be.conv2d_backward_filter(px, xs, pg, ys, pgf, fs, stride, pad)
+    np.testing.assert_allclose(get(be, pgx, xs), gx_want, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(get(be, pgf, fs), gf_want, rtol=1e-5, atol=1e-4)
+    for p in (px, pf, py, pg, pgx, pgf):
+        be.free(p)
+
+
+def test_conv2d_rejects_bad_shapes(be: Any) -> None:
+    p = be.alloc(1024)
+    with pytest.raises(InvalidArgumentError):
+        be.conv2d_forward(p, [1, 1, 4, 4], p, [1, 2, 3, 3], p, [1, 1, 2, 2], [1, 1], [0, 0])
+    with pytest.raises(InvalidArgumentError):
+        be.conv2d_forward(p, [1, 1, 4, 4], p, [1, 1, 3, 3], p, [1, 1, 3, 3], [1, 1], [0, 0])
+    be.free(p)
+
+
+# ---------------------------------------------------------------------- attention
+
+
+def attention_reference(q: Array, k: Array, v: Array, scale: float, causal: bool) -> Array:
+    sq, skv = q.shape[2], k.shape[2]
+    scores = np.einsum("bhid,bhjd->bhij", q, k) * scale
+    if causal:
+        visible = np.arange(skv)[None, :] <= np.arange(sq)[:, None] + (skv - sq)
+        scores = np.where(visible, scores, -np.inf)
+    out = np.zeros(q.shape)
+    for idx in np.ndindex(*scores.shape[:3]):
+        row = scores[idx]
+        if np.all(np.isneginf(row)):
+            continue
+        w = np.exp(row - row.max())
+        out[idx] = (w / w.sum()) @ v[idx[0], idx[1]]
+    return out
+
+
+@pytest.mark.parametrize(
+    "dims,causal",
+    [
+        ((1, 2, 5, 7, 4), False),
+        ((2, 1, 7, 5, 3), True),  # seq_q > seq_kv: the first rows see no key
+        ((1, 1, 9, 9, 130), True),  # head_dim above one accumulator chunk
+        ((1, 2, 16, 40, 64), True),
+        ((1, 1, 1, 1, 1), False),
+    ],
+)
+def test_attention(be: Any, dims: tuple[int, ...], causal: bool) -> None:
+    b, h, sq, skv, d = dims
+    rng = np.random.default_rng(sq * 100 + skv)
+    q = rng.standard_normal((b, h, sq, d)).astype(F32)
+    k = rng.standard_normal((b, h, skv, d)).astype(F32)
+    v = rng.standard_normal((b, h, skv, d)).astype(F32)
+    scale = 1.0 / np.sqrt(d)
+    pq, pk, pv, po = put(be, q), put(be, k), put(be, v), put(be, np.full(q.shape, np.nan, F32))
+    be.attention(pq, pk, pv, po, b, h, sq, skv, d, scale, causal)
+    want = attention_reference(
+        q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), scale, causal
+    )
+    np.testing.assert_allclose(get(be, po, q.shape), want, rtol=1e-5, atol=1e-5)
+    # Output aliasing the query: same result.
+    be.attention(pq, pk, pv, pq, b, h, sq, skv, d, scale, causal)
+    np.testing.assert_allclose(get(be, pq, q.shape), want, rtol=1e-5, atol=1e-5)
+    for p in (pq, pk, pv, po):
+        be.free(p)
+
+
+# ---------------------------------------------------------------------- reduce / softmax
+
+
+def special_tensor(shape: tuple[int, ...]) -> Array:
+    rng = np.random.default_rng(int(np.prod(shape)))
+    x = rng.standard_normal(shape).astype(F32)
+    flat = x.reshape(-1)
+    flat[3] = np.nan
+    flat[7] = np.inf
+    flat[11] = -np.inf
+    return x
+
+
+def np_reduce(op: str, x: Array, axis: int) -> Array:
+    x64 = x.astype(np.float64)
+    if op == "sum":
+        return x64.sum(axis=axis)
+    if op == "mean":
+        return x64.mean(axis=axis) if x.shape[axis] else x64.sum(axis=axis)
+    fold = np.fmax if op == "max" else np.fmin
+    return fold.reduce(x64, axis=axis, initial=-np.inf if op == "max" else np.inf)
+
+
+@pytest.mark.parametrize("shape,axis", [((3, 300, 5), 1), ((3, 300, 5), 0), ((3, 300, 5), 2), ((4500,), 0),
+                                        ((2, 0, 3), 1), ((6, 1024), 1)])  # fmt: skip
+@pytest.mark.parametrize("op", ["sum", "max", "min", "mean"])
+def test_reduce(be: Any, shape: tuple[int, ...], axis: int, op: str) -> None:
+    x = special_tensor(shape) if np.prod(shape) > 12 else np.zeros(shape, F32)
+    out_shape = shape[:axis] + shape[axis + 1 :]
+    px, po = put(be, x), be.alloc(4 * max(1, int(np.prod(out_shape))))
+    be.reduce(op, px, po, list(shape), axis)
+    with np.errstate(invalid="ignore"):
+        want = np_reduce(op, x, axis)
+    np.testing.assert_allclose(get(be, po, out_shape), want, rtol=1e-5, atol=1e-4, equal_nan=True)
+    be.free(px)
+    be.free(po)
+
+
+def test_reduce_nan_semantics(be: Any) -> None:
+    x = np.array([[np.nan, np.nan], [np.nan, 1.0], [-np.inf, -np.inf]], dtype=F32)
+    px, po = put(be, x), be.alloc(12)
+    for op, want in (("max", [-np.inf, 1.0, -np.inf]), ("min", [np.inf, 1.0, -np.inf])):
+        be.reduce(op, px, po, [3, 2], 1)
+        np.testing.assert_array_equal(get(be, po, 3), want)
+    be.free(px)
+    be.free(po)
+
+
+@pytest.mark.parametrize("shape,axis", [((3, 300, 5), 1), ((5, 7), 0), ((2, 2048), 1), ((4, 6), 1)])
+def test_softmax(be: Any, shape: tuple[int, ...], axis: int) -> None:
+    rng = np.random.default_rng(len(shape) + axis)
+    x = rng.standard_normal(shape).astype(F32) * 5
+    px, po = put(be, x), put(be, np.full(shape, 9.0, F32))
+    be.softmax(px, po, list(shape), axis)
+    x64 = x.astype(np.float64)
+    e = np.exp(x64 - x64.max(axis=axis, keepdims=True))
+    np.testing.assert_allclose(get(be, po, shape), e / e.sum(axis=axis, keepdims=True), rtol=1e-5, atol=1e-6)
+    be.softmax(px, px, list(shape), axis)  # in place
+    np.testing.assert_allclose(get(be, px, shape), e / e.sum(axis=axis, keepdims=True), rtol=1e-5, atol=1e-6)
+    be.free(px)
+    be.free(po)
+
+
+@pytest.mark.parametrize("length", [4, 600])
+def test_softmax_special_slices(be: Any, length: int) -> None:
+    x = np.zeros((4, length), dtype=F32)
+    x[0] = -np.inf  # all -inf -> NaN
+    x[1, 1] = np.nan  # a NaN poisons its slice
+    x[2, 2] = np.inf  # +inf: inf - inf -> NaN
+    x[3, 1:] = -np.inf  # one finite value -> [1, 0, 0, 0]
+    px, po = put(be, x), be.alloc(x.nbytes)
+    be.softmax(px, po, list(x.shape), 1)
+    got = get(be, po, x.shape)
+    assert np.all(np.isnan(got[:3]))
+    want = np.zeros(length)
+    want[0] = 1.0
+    np.testing.assert_array_equal(got[3], want)
+    be.free(px)
+    be.free(po)
+
+
+# ---------------------------------------------------------------------- element-wise
+
+SPECIALS = np.array([0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 100.0, -100.0, 1e-20, 20.0, -20.0, 88.8,
+                     89.0, -104.0, 0.5, 3e38], dtype=F32)  # fmt: skip
+OTHERS = np.array([0.0, 0.0, 2.0, np.nan, np.inf, 1.0, np.nan, -np.inf, 3.0, 0.0, -0.0, 5.0, np.inf, 1.0, 2.0,
+                   -0.5, 3e38], dtype=F32)  # fmt: skip
+
+
+def np_unary(op: str, x: Array) -> Array:
+    x64 = x.astype(np.float64)
+    with np.errstate(all="ignore"):
+        table = {
+            "relu": np.fmax(x64, 0.0),
+            "sigmoid": 1.0 / (1.0 + np.exp(-x64)),
+            "tanh": np.tanh(x64),
+            "exp": np.exp(x64),
+            "log": np.log(x64),
+            "sqrt": np.sqrt(x64),
+            "abs": np.abs(x64),
+            "neg": -x64,
+        }
+        return table[op].astype(F32)
+
+
+@pytest.mark.parametrize("op", ["relu", "sigmoid", "tanh", "exp", "log", "sqrt", "abs", "neg"])
+def test_unary(be: Any, op: str) -> None:
+    rng = np.random.default_rng(5)
+    x = np.concatenate([SPECIALS, rng.uniform(-8, 8, 500).astype(F32)])
+    px, po = put(be, x), be.alloc(x.nbytes)
+    be.unary(op, px, po, x.size)
+    want = np_unary(op, x)
+    got = get(be, po, x.shape)
+    np.testing.assert_allclose(got, want, rtol=4e-6, atol=1e-30, equal_nan=True)
+    be.unary(op.upper(), px, px, x.size)  # in place, upper-case name
+    np.testing.assert_array_equal(get(be, px, x.shape), got)
+    be.free(px)
+    be.free(po)
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "max", "min"])
+def test_binary(be: Any, op: str) -> None:
+    a, b = SPECIALS, OTHERS
+    pa, pb, po = put(be, a), put(be, b), be.alloc(a.nbytes)
+    be.binary(op, pa, pb, po, a.size)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    with np.errstate(all="ignore"):
+        want = {
+            "add": a64 + b64,
+            "sub": a64 - b64,
+            "mul": a64 * b64,
+            "div": a64 / b64,
+            "max": np.fmax(a64, b64),
+            "min": np.fmin(a64, b64),
+        }[op].astype(F32)
+    np.testing.assert_allclose(get(be, po, a.shape), want, rtol=1e-6, equal_nan=True)
+    be.binary(op, pa, pb, pa, a.size)  # output aliases a
+    np.testing.assert_allclose(get(be, pa, a.shape), want, rtol=1e-6, equal_nan=True)
+    for p in (pa, pb, po):
+        be.free(p)
+
+
+def test_elementwise_partial_overlap(be: Any) -> None:
+    x = np.arange(64, dtype=F32)
+    px = put(be, x)
+    be.unary("neg", px, px + 4 * 8, 32)  # output starts 8 floats after the input
+    got = get(be, px, 64)
+    want = x.copy()
+    want[8:40] = -x[:32]
+    np.testing.assert_array_equal(got, want)
+    be.free(px)
+
+
+def test_large_problem_uses_a_2d_grid(be: Any) -> None:
+    n = 65535 * 256 + 1000  # more workgroups than one grid dimension allows
+    x = np.linspace(-1, 1, n, dtype=F32)
+    px = put(be, x)
+    be.unary("abs", px, px, n)
+    got = get(be, px, n)
+    np.testing.assert_array_equal(got, np.abs(x))
+    be.free(px)
+
+
+# ---------------------------------------------------------------------- gather / scatter
+
+
+def test_gather_and_scatter(be: Any) -> None:
+    rng = np.random.default_rng(9)
+    table = rng.standard_normal((10, 7)).astype(F32)
+    idx = [3, 0, 9, 3, 3, 5]
+    pt, po = put(be, table), be.alloc(4 * 6 * 7)
+    be.gather(pt, idx, po, 10, 7)
+    np.testing.assert_array_equal(get(be, po, (6, 7)), table[idx])
+    src = rng.standard_normal((6, 7)).astype(F32)
+    out = np.arange(70, dtype=F32).reshape(10, 7)
+    ps, pd = put(be, src), put(be, out)
+    be.scatter(ps, np.array(idx), pd, 10, 7)
+    want = out.copy()
+    for i, row in enumerate(idx):  # sequential loop: the last duplicate wins
+        want[row] = src[i]
+    np.testing.assert_array_equal(get(be, pd, (10, 7)), want)
+    before = get(be, pd, (10, 7))
+    with pytest.raises(InvalidArgumentError):
+        be.scatter(ps, [1, 2, 10, 0, 0, 0], pd, 10, 7)
+    np.testing.assert_array_equal(get(be, pd, (10, 7)), before)  # nothing written
+    with pytest.raises(InvalidArgumentError):
+        be.gather(pt, [0, -1], po, 10, 7)
+    be.gather(pt, [], po, 10, 7)  # empty: a valid no-op
+    for p in (pt, po, ps, pd):
+        be.free(p)
+
+
+# ---------------------------------------------------------------------- engineering
+
+
+def test_pipelines_are_compiled_once(be: Any) -> None:
+    px = put(be, np.ones(256, F32))
+    for _ in range(3):
+        be.unary("exp", px, px, 256)
+        be.binary("add", px, px, px, 256)
+        be.reduce("sum", px, px, [16, 16], 1)
+    pipelines, modules = dict(be._pipelines), dict(be._modules)
+    for op in ("relu", "tanh", "neg"):
+        be.unary(op, px, px, 100)
+    be.binary("mul", px, px, px, 17)
+    be.reduce("max", px, px, [8, 16], 1)
+    assert be._pipelines == pipelines and be._modules == modules
+    be.free(px)
+
+
+def test_binding_limit_is_reported(be: Any) -> None:
+    px = be.alloc(4096)
+    saved = be._max_binding
+    be._max_binding = 1024
+    try:
+        with pytest.raises(UnsupportedError, match="maxStorageBufferBindingSize"):
+            be.unary("abs", px, px, 1024)
+    finally:
+        be._max_binding = saved
+    be.free(px)
+
+
+def test_only_backend_errors_escape(be: Any) -> None:
+    calls = [
+        lambda: be.gemm("X", "N", 1, 1, 1, 1.0, 1, 1, 1, 1, 0.0, 1, 1, dtype="float32"),
+        lambda: be.unary("nope", 1, 1, 1),
+        lambda: be.reduce("sum", 1, 1, "abc", 0),
+        lambda: be.attention(1, 1, 1, 1, 1, 1, 1, 1, 1, float("nan"), False),
+        lambda: be.copy_htod(12345, object()),
+        lambda: be.gather(1, [1.5], 1, 1, 1),
+        lambda: be.alloc(2**70),
+        lambda: be.alloc(be._max_buffer + 4),
+    ]
+    for call in calls:
+        with pytest.raises(BackendError):
+            call()
+
+
+def test_threads_share_the_backend(be: Any) -> None:
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        try:
+            x = np.random.default_rng(seed).standard_normal(1000).astype(F32)
+            px = put(be, x)
+            for _ in range(20):
+                be.unary("neg", px, px, 1000)
+            np.testing.assert_array_equal(get(be, px, 1000), x)
+            be.free(px)
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
