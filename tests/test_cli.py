@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable
+import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,7 +112,9 @@ class FakeReport:
     results: list[FakeCaseResult]
 
 
-def fake_kit(results: list[FakeCaseResult], calls: list[tuple[str, Any]]) -> Callable[..., FakeReport]:
+def fake_kit(results: list[FakeCaseResult], calls: list[tuple[str, Any]]) -> types.SimpleNamespace:
+    """A stand-in for computehal.testing with the kit's API, returning canned results."""
+
     def run_conformance(
         backend: ComputeBackend, ops: list[str] | None = None, progress: Any = None
     ) -> FakeReport:
@@ -124,7 +126,7 @@ def fake_kit(results: list[FakeCaseResult], calls: list[tuple[str, Any]]) -> Cal
                 progress(result)
         return FakeReport(all(r.passed for r in chosen), chosen)
 
-    return run_conformance
+    return types.SimpleNamespace(run_conformance=run_conformance, OPS=("gemm", "softmax"))
 
 
 def test_check_tables_and_exit_status(
@@ -136,7 +138,7 @@ def test_check_tables_and_exit_status(
         FakeCaseResult("softmax", "rows", True, 2e-7, 0.001),
     ]
     calls: list[tuple[str, Any]] = []
-    monkeypatch.setattr(cli, "_load_conformance", lambda: fake_kit(results, calls))
+    monkeypatch.setattr(cli, "_load_kit", lambda: fake_kit(results, calls))
     assert cli.main(["check", "--backend", "cpu", "--op", "gemm", "--cases"]) == 0
     captured = capsys.readouterr()
     assert calls == [("cpu", ["gemm"])]
@@ -162,7 +164,7 @@ def test_check_every_available_backend_by_default(
 ) -> None:
     hide_gpu_dependencies(monkeypatch)
     calls: list[tuple[str, Any]] = []
-    monkeypatch.setattr(cli, "_load_conformance", lambda: fake_kit([], calls))
+    monkeypatch.setattr(cli, "_load_kit", lambda: fake_kit([], calls))
     assert cli.main(["check", "-q"]) == 0
     assert calls == [("cpu", None)]
     assert capsys.readouterr().err == ""
@@ -172,7 +174,7 @@ def test_check_named_backend_that_cannot_run(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     hide_gpu_dependencies(monkeypatch)
-    monkeypatch.setattr(cli, "_load_conformance", lambda: fake_kit([], []))
+    monkeypatch.setattr(cli, "_load_kit", lambda: fake_kit([], []))
     assert cli.main(["check", "--backend", "opencl"]) == 1
     out = capsys.readouterr().out
     assert "opencl: cannot run: unsupported operation: opencl is unavailable" in out
@@ -181,6 +183,12 @@ def test_check_named_backend_that_cannot_run(
 def test_check_unknown_backend_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["check", "--backend", "tpu"]) == 2
     assert "unknown backend 'tpu'" in capsys.readouterr().err
+
+
+def test_check_unknown_op_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["check", "--backend", "cpu", "--op", "gemm,teleport"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown op teleport" in err and "softmax" in err
 
 
 # ---------------------------------------------------------------------- check with the real kit
@@ -193,6 +201,10 @@ def test_check_cpu_with_the_conformance_kit(capsys: pytest.CaptureFixture[str]) 
     ops = {line.split()[0] for line in captured.out.splitlines() if "PASS" in line}
     assert ops == {"unary", "gather"}
     assert "[cpu]" in captured.err
+    # One progress line per case, counting up to the total.
+    lines = [line for line in captured.err.splitlines() if line.startswith("[cpu]")]
+    total = lines[0].split()[1].split("/")[1]
+    assert lines[-1].split()[1] == f"{total}/{total}" and len(lines) == int(total)
 
 
 # ---------------------------------------------------------------------- bench and entry points

@@ -24,7 +24,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -192,35 +192,40 @@ class _OpSummary:
 
 
 class _Progress:
-    """Progress display for one backend: one line per finished case on ``stream``."""
+    """Progress display for one backend on ``stream``.
 
-    def __init__(self, label: str, stream: TextIO) -> None:
+    On a terminal a single counter line is rewritten in place (failures stay on
+    screen); otherwise one line per finished case.
+    """
+
+    def __init__(self, label: str, total: int, stream: TextIO) -> None:
         self.label = label
+        self.total = total
         self.stream = stream
         self.count = 0
         self.failed = 0
+        self.live = bool(getattr(stream, "isatty", lambda: False)())
 
-    def __call__(self, *args: Any, **kwargs: Any) -> None:
-        result = next((a for a in (*args, *kwargs.values()) if hasattr(a, "op")), None)
+    def __call__(self, result: Any) -> None:
         self.count += 1
-        if result is None:
-            text = " ".join(str(a) for a in args)
-            self.stream.write(f"[{self.label}] {self.count}: {text}\n")
-            self.stream.flush()
-            return
-        name = getattr(result, "case", None) or getattr(result, "name", "")
-        passed = getattr(result, "passed", None)
-        mark = "ok  " if passed else ("FAIL" if passed is not None else "..  ")
-        if passed is False:
-            self.failed += 1
-        self.stream.write(f"[{self.label}] {self.count:4d} {mark} {result.op}: {name}\n")
+        passed = bool(getattr(result, "passed", False))
+        self.failed += not passed
+        where = f"{self.count}/{self.total}" if self.total else str(self.count)
+        text = f"[{self.label}] {where} {'ok  ' if passed else 'FAIL'} {result.op}: {result.case}"
+        if self.live:
+            self.stream.write("\r\033[K" + text + ("\n" if not passed else ""))
+        else:
+            self.stream.write(text + "\n")
         self.stream.flush()
 
+    def finish(self) -> None:
+        if self.live and self.count:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
 
-def _load_conformance() -> Callable[..., Any]:
-    module = importlib.import_module("computehal.testing")
-    runner: Callable[..., Any] = module.run_conformance
-    return runner
+
+def _load_kit() -> Any:
+    return importlib.import_module("computehal.testing")
 
 
 def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -233,11 +238,17 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             return 2
         targets.append((kind, args.backend.strip()))
     try:
-        run_conformance = _load_conformance()
+        kit = _load_kit()
+        kit.run_conformance  # noqa: B018 - fail early when the kit is incomplete
     except (ImportError, AttributeError) as exc:
         err.write(f"computehal check: the conformance kit is not available: {exc}\n")
         return 2
     ops = _split(args.op)
+    known = tuple(getattr(kit, "OPS", ()))
+    unknown = [op for op in ops or () if known and op not in known]
+    if unknown:
+        err.write(f"computehal check: unknown op {', '.join(unknown)}; known: {', '.join(known)}\n")
+        return 2
     report = probe(refresh=args.refresh)
     if not args.backend:
         targets = [(kind, kind.value) for kind in report.available_kinds()]
@@ -250,12 +261,12 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             out.write(f"\n== {name}: cannot run: {exc}\n")
             status = 1
             continue
-        label = f"{kind.value}"
         out.write(f"\n== {name} ({entry.target})\n")
         for device in entry.devices[:1]:
             out.write(f"   {_device_line(device)}\n")
+        out.flush()
         try:
-            passed = _check_one(backend, label, ops, run_conformance, args, out, err)
+            passed = _check_one(backend, kind.value, ops, kit, args, out, err)
         finally:
             _close(backend)
         if not passed:
@@ -271,18 +282,24 @@ def _check_one(
     backend: ComputeBackend,
     label: str,
     ops: list[str] | None,
-    run_conformance: Callable[..., Any],
+    kit: Any,
     args: argparse.Namespace,
     out: TextIO,
     err: TextIO,
 ) -> bool:
-    progress = _Progress(label, err)
+    total = 0
+    cases = getattr(kit, "conformance_cases", None)
+    if callable(cases):
+        total = sum(1 for case in cases(backend) if ops is None or case.op in ops)
+    progress = _Progress(label, total, err)
     started = time.perf_counter()
     try:
-        result = run_conformance(backend, ops=ops, progress=None if args.quiet else progress)
+        result = kit.run_conformance(backend, ops=ops, progress=None if args.quiet else progress)
     except (KeyError, ValueError) as exc:
         out.write(f"   error: {exc}\n")
         return False
+    finally:
+        progress.finish()
     elapsed = time.perf_counter() - started
     summaries: dict[str, _OpSummary] = {}
     for case in result.results:
@@ -308,7 +325,6 @@ def _check_one(
     out.write(format_table(("OP", "CASES", "RESULT", "MAX ERROR", "TIME (ms)"), rows, indent="   ") + "\n")
     if args.verbose_cases:
         for s in summaries.values():
-            cases = [c for c in result.results if c.op == s.op]
             case_rows = [
                 (
                     c.case,
@@ -316,19 +332,21 @@ def _check_one(
                     f"{float(c.max_error or 0.0):.3g}",
                     f"{float(c.seconds or 0.0) * 1e3:.2f}",
                 )
-                for c in cases
+                for c in result.results
+                if c.op == s.op
             ]
             out.write(f"\n   {s.op}\n")
-            out.write(
-                format_table(("CASE", "RESULT", "MAX ERROR", "TIME (ms)"), case_rows, indent="   ") + "\n"
-            )
+            headers = ("CASE", "RESULT", "MAX ERROR", "TIME (ms)")
+            out.write(format_table(headers, case_rows, indent="   ") + "\n")
     failures = [(s.op, case, message) for s in summaries.values() for case, message in s.failures]
     for op, case, message in failures:
         out.write(f"   FAIL {op} / {case}: {message}\n")
-    total = sum(s.cases for s in summaries.values())
-    verdict = "passed" if result.passed and not failures else "FAILED"
-    out.write(f"   {label}: {total - len(failures)}/{total} cases passed in {elapsed:.1f} s - {verdict}\n")
-    return bool(result.passed) and not failures
+    count = sum(s.cases for s in summaries.values())
+    passed = bool(result.passed) and not failures
+    verdict = "passed" if passed else "FAILED"
+    out.write(f"   {label}: {count - len(failures)}/{count} cases passed in {elapsed:.1f} s - {verdict}\n")
+    out.flush()
+    return passed
 
 
 def _close(backend: ComputeBackend) -> None:
