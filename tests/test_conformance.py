@@ -1,0 +1,249 @@
+"""Every conformance-kit case on every backend of ``BACKEND_FACTORIES``, one test each.
+
+Test ids read ``<backend>-<op>-<case>``, e.g. ``cpu-gemm-NT-ld``. The second half
+checks that the kit itself has teeth: deliberately broken backends must fail the
+cases that target their bug.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from computehal import Capabilities, ComputeBackend, CpuBackend, ForwardingBackend, NullBackend
+from computehal.testing import OPS, Case, conformance_cases, run_case, run_conformance
+from conftest import BACKEND_FACTORIES, live_count, use_shared
+
+CASES = conformance_cases()
+PARAMS = [
+    pytest.param(name, case, id=f"{name}-{case.id}") for name in sorted(BACKEND_FACTORIES) for case in CASES
+]
+
+
+@pytest.mark.parametrize(("backend_name", "case"), PARAMS)
+def test_case(backend_name: str, case: Case) -> None:
+    backend = use_shared(backend_name)
+    before = live_count(backend)
+    case.run(backend)
+    assert live_count(backend) == before, f"{case.id} leaked allocations"
+
+
+# --------------------------------------------------------------------------- the kit itself
+
+
+def test_case_ids_unique_and_grouped() -> None:
+    ids = [c.id for c in CASES]
+    assert len(ids) == len(set(ids))
+    assert {c.op for c in CASES} == set(OPS)
+    # Cases are grouped by op, in OPS order.
+    order = [OPS.index(c.op) for c in CASES]
+    assert order == sorted(order)
+
+
+def test_required_coverage_present() -> None:
+    ids = {c.id for c in CASES}
+    for ta in "NTC":
+        for tb in "NTC":
+            assert f"gemm-{ta}{tb}-ld" in ids
+    for needed in (
+        "gemm-beta0-nan-in-C",
+        "gemm-k0",
+        "gemm-alpha0-nan-in-AB",
+        "gemm-m0",
+        "gemm-n0",
+        "gemm-NN-f64",
+        "batched_gemm-NN-gaps",
+        "gemm_mixed_precision-bf16-ties-columns",
+        "attention-q-gt-kv-causal",
+        "attention-long-600-causal",
+        "reduce-max-nan-inf",
+        "reduce-sum-empty-axis",
+        "softmax-nan-inf",
+        "scatter-duplicates-list",
+        "gemm-bad-freed-ptr",
+        "gemm-bad-short-range",
+        "unary-bad-unknown-ptr",
+        "reduce-bad-axis-equal-ndim",
+        "gather-bad-index-equal-rows-last",
+        "alloc-bad-zero",
+        "free-bad-double-free",
+    ):
+        assert needed in ids, needed
+
+
+def test_run_conformance_filters_and_reports(backend: ComputeBackend) -> None:
+    seen: list[str] = []
+    report = run_conformance(backend, ops=["unary", "lifecycle"], progress=lambda r: seen.append(r.id))
+    assert report.passed, report.summary()
+    assert {r.op for r in report.results} == {"unary", "lifecycle"}
+    assert seen == [r.id for r in report.results]
+    summary = {s.op: s for s in report.by_op()}
+    assert summary["unary"].cases == sum(1 for c in CASES if c.op == "unary")
+    assert summary["unary"].max_error > 0  # transcendental ops are not exact
+    assert "PASS" in report.summary()
+
+
+def test_run_conformance_rejects_unknown_op(backend: ComputeBackend) -> None:
+    with pytest.raises(ValueError, match="unknown op"):
+        run_conformance(backend, ops=["gemmm"])
+
+
+def test_null_backend_fails_everything() -> None:
+    report = run_conformance(NullBackend(), ops=["gemm", "alloc"])
+    assert not report.passed
+    assert all(not r.passed for r in report.results if not r.case.startswith("bad-"))
+
+
+# --------------------------------------------------------------------------- mutants
+
+
+class _Mutant(ForwardingBackend):
+    def __init__(self) -> None:
+        super().__init__(CpuBackend())
+        self.inner.init()
+
+    def _floats(self, ptr: int, n: int) -> Any:
+        out = np.empty(n, dtype=np.float32)
+        self.inner.copy_dtoh(out, ptr)
+        return out
+
+
+class _ScaleDivides(_Mutant):
+    """Reads the page's '/ scale' literally."""
+
+    def attention(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        a = list(args)
+        a[9] = 1.0 / a[9] if a[9] else a[9]
+        self.inner.attention(*a, **kwargs)
+
+
+class _WritesPaddingRows(_Mutant):
+    """Clobbers the row of C just below m (inside ldc)."""
+
+    def gemm(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        self.inner.gemm(*args, **kwargs)
+        m, n, c_ptr, ldc = args[2], args[3], args[11], args[12]
+        itemsize = np.dtype(kwargs.get("dtype", "float64")).itemsize
+        if n and ldc > m:
+            self.inner.copy_htod(c_ptr + m * itemsize, bytes(itemsize))
+
+
+class _OverrunsUnary(_Mutant):
+    """Writes one element past n when the allocation has room."""
+
+    def unary(self, op: Any, input_ptr: int, output_ptr: int, n: int) -> None:  # type: ignore[override]
+        self.inner.unary(op, input_ptr, output_ptr, n)
+        if isinstance(n, int) and n > 0:
+            try:
+                self.inner.copy_htod(output_ptr + 4 * n, np.float32([42.0]))
+            except Exception:  # noqa: BLE001 - no room: behave correctly
+                pass
+
+
+class _FirstDuplicateWins(_Mutant):
+    def scatter(self, input_ptr: int, indices: Any, output_ptr: int, rows: int, cols: int) -> None:  # type: ignore[override]
+        self.inner.scatter(input_ptr, indices, output_ptr, rows, cols)
+        idx = [int(i) for i in indices]
+        if len(idx) != len(set(idx)) and cols:
+            src = self._floats(input_ptr, len(idx) * cols).reshape(len(idx), cols)
+            for i in reversed(range(len(idx))):
+                self.inner.copy_htod(output_ptr + idx[i] * cols * 4, src[i])
+
+
+class _LeaksInGather(_Mutant):
+    def gather(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        self.inner.alloc(64)
+        self.inner.gather(*args, **kwargs)
+
+
+class _ClaimsNoFp64(_Mutant):
+    """Says it has no float64 but computes it anyway (must raise UnsupportedError)."""
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(supports_fp64=False)
+
+
+class _LeaksValueError(_Mutant):
+    def reduce(self, op: Any, input_ptr: Any, output_ptr: Any, shape: Any, axis: Any) -> None:  # type: ignore[override]
+        if isinstance(axis, int) and isinstance(shape, list) and axis >= len(shape):
+            raise ValueError("axis out of range")
+        self.inner.reduce(op, input_ptr, output_ptr, shape, axis)
+
+
+class _TruncatesBf16(_Mutant):
+    """Rounds bf16 operands toward zero instead of to nearest even."""
+
+    def gemm_mixed_precision(
+        self,
+        prec: Any,
+        ta: Any,
+        tb: Any,
+        m: int,
+        n: int,
+        k: int,
+        alpha: float,  # type: ignore[override]
+        a_ptr: int,
+        lda: int,
+        b_ptr: int,
+        ldb: int,
+        beta: float,
+        c_ptr: int,
+        ldc: int,
+    ) -> None:
+        if str(prec).lower() != "bf16" or not (m and n and k):
+            self.inner.gemm_mixed_precision(
+                prec, ta, tb, m, n, k, alpha, a_ptr, lda, b_ptr, ldb, beta, c_ptr, ldc
+            )
+            return
+        a_rows, a_cols = (k, m) if ta != "N" else (m, k)
+        b_rows, b_cols = (n, k) if tb != "N" else (k, n)
+        tmp = []
+        for ptr, rows, cols, ld in ((a_ptr, a_rows, a_cols, lda), (b_ptr, b_rows, b_cols, ldb)):
+            data = self._floats(ptr, ld * (cols - 1) + rows)
+            truncated = (data.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+            t = self.inner.alloc(truncated.nbytes)
+            self.inner.copy_htod(t, truncated)
+            tmp.append(t)
+        try:
+            self.inner.gemm(
+                ta, tb, m, n, k, alpha, tmp[0], lda, tmp[1], ldb, beta, c_ptr, ldc, dtype="float32"
+            )
+        finally:
+            for t in tmp:
+                self.inner.free(t)
+
+
+@pytest.mark.parametrize(
+    ("mutant", "op", "must_fail"),
+    [
+        (_ScaleDivides, "attention", "attention-square"),
+        (_WritesPaddingRows, "gemm", "gemm-NN-ld"),
+        (_OverrunsUnary, "unary", "unary-exp"),
+        (_FirstDuplicateWins, "scatter", "scatter-duplicates-list"),
+        (_LeaksInGather, "gather", "gather-many-rows"),
+        (_ClaimsNoFp64, "gemm", "gemm-NN-f64"),
+        (_LeaksValueError, "reduce", "reduce-bad-axis-equal-ndim"),
+        (_TruncatesBf16, "gemm_mixed_precision", "gemm_mixed_precision-bf16-ties-columns"),
+    ],
+    ids=lambda v: v.__name__.strip("_") if isinstance(v, type) else str(v),
+)
+def test_kit_catches_broken_backend(mutant: type[_Mutant], op: str, must_fail: str) -> None:
+    backend = mutant()
+    try:
+        report = run_conformance(backend, ops=[op])
+    finally:
+        backend.close()
+    failed = {r.id for r in report.failures}
+    assert must_fail in failed, f"{mutant.__name__} was not caught; failures: {sorted(failed)}"
+
+
+def test_run_case_reports_leaks() -> None:
+    backend = _LeaksInGather()
+    try:
+        case = next(c for c in CASES if c.id == "gather-tuple")
+        result = run_case(backend, case)
+    finally:
+        backend.close()
+    assert not result.passed and "live allocations" in result.message
