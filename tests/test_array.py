@@ -632,3 +632,34 @@ def test_take_and_put(be: ch.CpuBackend, rng: np.random.Generator) -> None:
         ca.take(d, np.zeros((2, 2), np.int64))
     with pytest.raises(ch.InvalidArgumentError):
         ca.take(d, 3)
+
+
+# --------------------------------------------------------------------------- every backend
+
+
+def test_array_layer_on_every_backend(backend: ch.ComputeBackend) -> None:
+    """The same array code on each backend of tests/conftest.py (no leak: the fixture checks)."""
+    rng = np.random.default_rng(7)
+    x, w = f32(rng, 6, 5), f32(rng, 5, 4)
+    dx, dw = ch.asarray(x, backend), ch.asarray(w, backend)
+    logits = ca.matmul(dx, dw)
+    probs = ca.softmax(ca.relu(logits, out=logits), axis=1, out=logits)
+    h = np.maximum(np.einsum("ik,kj->ij", x.astype(np.float64), w), 0)
+    e = np.exp(h - h.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(probs.numpy(), e / e.sum(axis=1, keepdims=True), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ca.sum(probs, 1).numpy(), np.ones(6), rtol=1e-5)
+    assert np.array_equal(ca.take(dx, [3, 0]).numpy(), x[[3, 0]])
+    assert np.array_equal(dx[2:4].numpy(), x[2:4])
+    assert np.array_equal(dx.T.copy().numpy(), x.T)
+    # DLPack into NumPy: zero-copy on the CPU backend, a host copy elsewhere.
+    host = np.from_dlpack(probs, device="cpu")
+    np.testing.assert_allclose(host, probs.numpy())
+    if backend.name() == "cpu":
+        assert np.from_dlpack(probs, copy=False).ctypes.data == probs.ptr
+    else:
+        with pytest.raises(BufferError):
+            np.from_dlpack(probs, copy=False)
+    back = ch.from_dlpack(host, backend)
+    assert np.array_equal(back.numpy(), host)
+    with ca.zeros((3,), backend) as z:
+        assert z.numpy().tolist() == [0, 0, 0]

@@ -273,3 +273,50 @@ def test_example_numpy_network_runs(be: ch.CpuBackend, capsys: pytest.CaptureFix
     namespace: dict[str, Any] = runpy.run_path(str(path), run_name="not_main")
     namespace["main"](be)
     assert "without a copy" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- CUDA (needs a GPU)
+
+
+def test_cuda_zero_copy_round_trip() -> None:
+    cupy = pytest.importorskip("cupy")
+    cuda = pytest.importorskip("computehal.backends.cuda")
+    try:
+        backend = cuda.CudaBackend()
+        backend.init()
+    except TypeError as error:  # an unfinished backend class (abstract methods left)
+        pytest.skip(f"CUDA backend incomplete: {error}")
+    except ch.BackendError as error:
+        pytest.skip(f"no usable CUDA device: {error}")
+    try:
+        a = ch.asarray(np.arange(6, dtype=np.float32).reshape(2, 3), backend)
+        assert a.__dlpack_device__()[0] in (DLDeviceType.CUDA, DLDeviceType.ROCM)
+        c = cupy.from_dlpack(a)
+        assert int(c.data.ptr) == a.ptr
+        c[1, 1] = -3.0  # write through CuPy, read through the backend
+        backend.synchronize()
+        assert a.numpy()[1, 1] == -3
+        ca.neg(a, out=a)  # write through the backend, read through CuPy
+        backend.synchronize()
+        assert float(c[0, 1]) == -1
+        assert a.__cuda_array_interface__["data"][0] == a.ptr
+        assert int(cupy.asarray(a).data.ptr) == a.ptr
+        t = a.T
+        assert cupy.array_equal(cupy.from_dlpack(t), c.T)
+        host = np.from_dlpack(a, device="cpu")
+        assert np.array_equal(host, a.numpy())
+        ones = cupy.ones(4, dtype=cupy.float32)
+        b = ch.from_dlpack(ones, backend)
+        assert b.ptr == int(ones.data.ptr)
+        ca.neg(b, out=b)
+        backend.synchronize()
+        assert ones.get().tolist() == [-1, -1, -1, -1]
+        b.free()
+        a.free()
+        assert backend.live_allocations() == 0
+    finally:
+        backend.close()
+
+
+def test_cuda_array_interface_absent_on_cpu(be: ch.CpuBackend) -> None:
+    assert not hasattr(ch.asarray(np.zeros(2, np.float32), be), "__cuda_array_interface__")

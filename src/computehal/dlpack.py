@@ -9,19 +9,21 @@ Export (``DeviceArray.__dlpack__``)
       data lands on), ``__dlpack__`` copies the data to the host, and ``copy=False``
       raises :class:`BufferError` as the DLPack / array-API standard requires when a
       copy would be needed.
-    * CUDA / ROCm backends: ``__dlpack_device__`` reports ``(kDLCUDA, ordinal)`` /
-      ``(kDLROCM, ordinal)``; zero-copy export of device memory is not implemented
-      yet and raises :class:`~computehal.UnsupportedError`; ``dl_device=(kDLCPU, 0)``
-      gives a host copy.
+    * CUDA / ROCm backends (through CuPy): ``__dlpack_device__`` reports
+      ``(kDLCUDA, ordinal)`` / ``(kDLROCM, ordinal)`` and the export is zero-copy: a
+      CuPy array over the allocation (keeping its memory block alive) exports itself,
+      honouring the consumer's ``stream``. Arrays also offer
+      ``__cuda_array_interface__`` (version 3). ``dl_device=(kDLCPU, 0)`` gives a host copy.
 
 Import (:func:`from_dlpack`)
     On the CPU backend, host memory that is writable, C-contiguous and aligned to its
     element size is *borrowed*: it is registered in the backend's pointer table as a
     borrowed range (the backend never frees it; releasing the array only unregisters
-    it) and kept alive by the array. Memory that already belongs to a live allocation of
-    the same backend (an array exported and imported again) becomes a view of that
-    allocation. Everything else is copied; ``copy=False`` then raises
-    :class:`BufferError`.
+    it) and kept alive by the array. On the CUDA backend, device memory of the same
+    device is borrowed the same way (through ``cupy.from_dlpack``). Memory that already
+    belongs to a live allocation of the same backend (an array exported and imported
+    again) becomes a view of that allocation. Everything else is copied; ``copy=False``
+    then raises :class:`BufferError`.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .backend import ComputeBackend
-from .errors import BackendError, InvalidArgumentError
+from .errors import BackendError, InvalidArgumentError, UnsupportedError
 from .memory import Allocation
 
 if TYPE_CHECKING:
@@ -132,8 +134,6 @@ def host_bytes(backend: ComputeBackend, ptr: int, nbytes: int) -> npt.NDArray[np
     UnsupportedError
         If ``backend`` is not a CPU backend (or its allocations are not NumPy buffers).
     """
-    from .errors import UnsupportedError
-
     cpu = host_backend(backend)
     if cpu is None:
         raise UnsupportedError(f"the {backend.name()} backend's memory is not host-addressable")
@@ -174,6 +174,93 @@ def register_host_array(backend: ComputeBackend, array: npt.NDArray[Any]) -> int
     base = int(array.ctypes.data)
     cpu._memory().insert(Allocation(base, int(array.nbytes), payload, borrowed=True))
     return base
+
+
+# --------------------------------------------------------------------------- CUDA (CuPy)
+
+
+def _cupy() -> Any:
+    try:
+        import cupy
+    except ImportError as exc:
+        raise UnsupportedError(f"DLPack exchange of CUDA memory needs CuPy ({exc})") from exc
+    return cupy
+
+
+def cuda_view(array: DeviceArray) -> Any:
+    """A ``cupy.ndarray`` over ``array``'s device memory (zero-copy; keeps the block alive).
+
+    Raises
+    ------
+    UnsupportedError
+        If CuPy is missing or the backend's allocations are not CuPy memory pointers.
+    """
+    cupy = _cupy()
+    inner = unwrap(array.backend)
+    table_of = getattr(inner, "_memory", None)
+    if table_of is None:
+        raise UnsupportedError(f"the {inner.name()} backend keeps no pointer table to export from")
+    ptr = array.ptr
+    if array.size:
+        lo = sum(min(0, (d - 1) * st) for d, st in zip(array.shape, array.strides, strict=True))
+        hi = sum(max(0, (d - 1) * st) for d, st in zip(array.shape, array.strides, strict=True))
+        region = table_of().resolve("ptr", ptr + lo, hi - lo + array.itemsize)
+    else:
+        region = table_of().resolve("ptr", ptr, 0)
+    memory = getattr(region.payload, "mem", None)
+    if memory is None or not hasattr(memory, "ptr"):
+        raise UnsupportedError(f"the {inner.name()} backend's allocations are not CuPy memory")
+    with cupy.cuda.Device(backend_ordinal(inner)):
+        memptr = cupy.cuda.MemoryPointer(memory, ptr - int(memory.ptr))
+        return cupy.ndarray(array.shape, array.dtype, memptr=memptr, strides=array.strides)
+
+
+def export_cuda(array: DeviceArray, *, stream: Any, max_version: Any, copy: bool | None) -> Any:
+    """The DLPack capsule of a CUDA / ROCm array, produced by CuPy on the array's device."""
+    cupy = _cupy()
+    view = cuda_view(array)
+    with cupy.cuda.Device(backend_ordinal(array.backend)):
+        try:
+            return view.__dlpack__(stream=stream, max_version=max_version, copy=copy)
+        except TypeError:
+            # CuPy releases before DLPack 1.0 know only ``stream``.
+            return (view.copy() if copy else view).__dlpack__(stream=stream)
+
+
+def _borrow_cuda(obj: Any, backend: ComputeBackend) -> DeviceArray | None:
+    """Borrow device memory of ``backend``'s own device through CuPy, or ``None`` to copy."""
+    from .array import DeviceArray
+
+    device_of = getattr(obj, "__dlpack_device__", None)
+    if device_of is None or isinstance(obj, np.ndarray):
+        return None
+    try:
+        device = tuple(int(v) for v in device_of())
+    except (TypeError, ValueError):
+        return None
+    if device != dlpack_device_of(backend):
+        return None
+    cupy = _cupy()
+    with cupy.cuda.Device(backend_ordinal(backend)):
+        array = cupy.from_dlpack(obj)
+    nbytes = int(array.nbytes)
+    base = int(array.data.ptr)
+    if not nbytes or not array.flags.c_contiguous or base % array.dtype.itemsize:
+        return None
+    table = unwrap(backend)._memory()  # type: ignore[attr-defined]
+    try:
+        table.resolve("ptr", base, nbytes)
+        return DeviceArray._external(backend, base, array.shape, array.dtype, keepalive=array)
+    except InvalidArgumentError:
+        pass
+    try:
+        table.insert(Allocation(base, nbytes, array.data, borrowed=True))
+    except InvalidArgumentError:
+        return None
+    return DeviceArray._adopt(backend, base, array.shape, array.dtype)
+
+
+# --------------------------------------------------------------------------- host memory
 
 
 def _host_array(obj: Any) -> npt.NDArray[Any] | None:
@@ -250,6 +337,10 @@ def from_dlpack(obj: Any, backend: ComputeBackend, *, copy: bool | None = None) 
     if isinstance(obj, DeviceArray) and obj.backend is backend and copy is not True:
         return obj
     cpu = host_backend(backend)
+    if cpu is None and copy is not True and is_cuda_like(backend):
+        borrowed_cuda = _borrow_cuda(obj, backend)
+        if borrowed_cuda is not None:
+            return borrowed_cuda
     if cpu is not None and copy is not True:
         host = _host_array(obj)
         if host is not None:
@@ -260,7 +351,7 @@ def from_dlpack(obj: Any, backend: ComputeBackend, *, copy: bool | None = None) 
         raise BufferError(
             f"cannot borrow this {type(obj).__name__} on the {backend.name()} backend without a copy "
             "(only writable, aligned, C-contiguous host memory can be borrowed, and only by the CPU "
-            "backend)"
+            "backend, and same-device CUDA memory only by the CUDA backend)"
         )
     return asarray(_host_copy(obj), backend, copy=True)
 

@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from .. import dlpack as _dl
 from ..backend import ComputeBackend
-from ..errors import BackendError, InvalidArgumentError, UnsupportedError
+from ..errors import BackendError, InvalidArgumentError
 from ..memory import Allocation
 
 __all__ = ["DeviceArray", "Device", "asarray", "to_device", "empty", "zeros"]
@@ -637,56 +637,75 @@ class DeviceArray:
 
         Parameters
         ----------
-        stream : None
-            Must be None: neither the CPU nor the handle backends have DLPack streams
-            (every operation is complete when its call returns or after ``synchronize``).
+        stream : int or None
+            CUDA / ROCm: the consumer's stream (CuPy's rules: None or 1 legacy default,
+            2 per-thread, -1 no synchronisation, else a stream pointer); the export is
+            ordered after the backend's work. Every other backend accepts only None
+            (their operations are complete when the call returns).
         max_version : tuple of int, optional
             Highest DLPack version the consumer understands; ``(1, x)`` gets a versioned
             capsule, ``None`` or ``(0, x)`` the legacy one.
         dl_device : tuple of int, optional
-            Requested device; only ``(kDLCPU, 0)`` (or None) is possible.
+            Requested device: None or the array's own device (``__dlpack_device__``),
+            or ``(kDLCPU, 0)`` for a host copy of device memory.
         copy : bool, optional
-            None: zero-copy where possible (CPU backend), else a host copy. True: always a
-            copy. False: never copy; raises :class:`BufferError` on backends whose memory
-            is a handle.
+            None: zero-copy where possible (CPU and CUDA backends), else a host copy.
+            True: always a copy. False: never copy; raises :class:`BufferError` on
+            backends whose memory is a handle (OpenCL, wgpu).
 
         Raises
         ------
         BufferError
-            When the request cannot be met (stream given, other device, ``copy=False``
-            on a handle backend).
-        UnsupportedError
-            For zero-copy export of CUDA / ROCm memory, which is not implemented yet.
+            When the request cannot be met (a stream on a backend without streams, an
+            unsupported device, ``copy=False`` on a handle backend).
         """
         self._check_live()
-        if stream is not None:
-            raise BufferError(f"stream must be None for arrays on the {self.backend.name()} backend")
+        own = _dl.dlpack_device_of(self.backend)
+        cpu = (int(_dl.DLDeviceType.CPU), 0)
         if dl_device is not None:
             try:
-                device_type, device_id = int(dl_device[0]), int(dl_device[1])
+                requested = (int(dl_device[0]), int(dl_device[1]))
             except (TypeError, ValueError, IndexError):
                 raise BufferError(
                     f"dl_device must be a (device_type, device_id) pair, got {dl_device!r}"
                 ) from None
-            if device_type != int(_dl.DLDeviceType.CPU) or device_id != 0:
-                raise BufferError(
-                    f"cannot export to DLPack device {dl_device!r}; only (kDLCPU, 0) is supported"
-                )
-            dl_device = (device_type, device_id)
+            if requested not in (own, cpu):
+                raise BufferError(f"cannot export to DLPack device {dl_device!r}; this array is on {own}")
+            dl_device = requested
+        cuda = own != cpu
+        if stream is not None and not cuda:
+            raise BufferError(f"stream must be None for arrays on the {self.backend.name()} backend")
         if _dl.host_backend(self.backend) is not None:
             return self._host_view().__dlpack__(max_version=max_version, dl_device=dl_device, copy=copy)
-        if _dl.is_cuda_like(self.backend) and dl_device is None:
-            raise UnsupportedError(
-                "zero-copy DLPack export of CUDA / ROCm memory is not implemented yet; request a host "
-                "copy with dl_device=(1, 0) (numpy.from_dlpack(x, device='cpu')) or use numpy()"
-            )
+        if cuda and dl_device in (None, own):
+            return _dl.export_cuda(self, stream=stream, max_version=max_version, copy=copy)
         if copy is False:
             raise BufferError(
-                f"the {self.backend.name()} backend's memory is a device handle: DLPack export needs a "
-                "host copy (copy=False is impossible)"
+                f"the {self.backend.name()} backend's memory is not host memory: this DLPack export "
+                "needs a host copy (copy=False is impossible)"
             )
         host = self.numpy(copy=True)
         return host.__dlpack__(max_version=max_version, dl_device=dl_device, copy=False)
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """The CUDA Array Interface (version 3) of an array on the CUDA / ROCm backend.
+
+        Absent (``AttributeError``) on every other backend. ``stream`` is 1: the backend
+        works on the legacy default stream, so consumers order their work after it.
+        """
+        if _dl.host_backend(self.backend) is not None or not _dl.is_cuda_like(self.backend):
+            raise AttributeError(f"arrays on the {self.backend.name()} backend are not CUDA memory")
+        self._check_live()
+        return {
+            "shape": self._shape,
+            "typestr": self._dtype.str,
+            "descr": self._dtype.descr,
+            "data": (self._ptr if self.size else 0, False),
+            "strides": None if self.is_contiguous else self._strides,
+            "version": 3,
+            "stream": 1,
+        }
 
     # ------------------------------------------------------------------ operators
 
