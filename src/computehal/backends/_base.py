@@ -25,6 +25,7 @@ from ..errors import (
     OutOfMemoryError,
 )
 from ..memory import Allocation, PointerTable, Region, as_count
+from ..types import TileShape
 from ..validation import host_buffer
 
 __all__ = ["TableBackend", "guarded"]
@@ -116,6 +117,16 @@ class TableBackend(ComputeBackend):
         for allocation in self._table.drain():
             if not allocation.borrowed:
                 self._release(allocation)
+
+    def recommended_tile_for(self, m: int, n: int, k: int) -> TileShape:
+        """The default tile heuristic, after checking that the backend is initialised.
+
+        A backend's tiles depend on the device that ``init`` selects, so, like every
+        operation other than the introspection methods, this raises
+        :class:`~computehal.NotInitializedError` before ``init``.
+        """
+        self._memory()
+        return super().recommended_tile_for(m, n, k)
 
     def live_allocations(self) -> int:
         """Number of live allocations (owned and borrowed) on this backend."""
