@@ -82,8 +82,11 @@ _MAX_NB = 32
 _CONV_SCRATCH = 64 << 20
 #: Work-group size of the row reductions (must match a power of two).
 _REDUCE_LS = 64
-#: Query rows per attention work-group.
+#: Query rows per attention work-group (work-group kernel, GPUs).
 _ATTN_BQ = 32
+#: Query rows per work-item of the vector attention kernel (CPU devices), and its largest head_dim.
+_VEC_ATTN_BQ = 4
+_VEC_ATTN_MAX_DIM = 256
 
 _REDUCE_CODES = {ReduceOp.SUM: 0, ReduceOp.MAX: 1, ReduceOp.MIN: 2, ReduceOp.MEAN: 3}
 _ROUND_MODES = {MixedPrecision.F16: 1, MixedPrecision.BF16: 2}
@@ -282,6 +285,7 @@ class OpenCLBackend(TableBackend):
         self._scratch: dict[str, Any] = {}
         self._lock = threading.RLock()
         self._caps: Capabilities | None = None
+        self.vector_attention = False
         #: How many OpenCL programs this instance has built (each family and configuration once).
         self.program_builds = 0
 
@@ -356,6 +360,9 @@ class OpenCLBackend(TableBackend):
         self._max_alloc = int(dev.max_mem_alloc_size)
         self._total = int(dev.global_mem_size)
         self._max_wg = int(dev.max_work_group_size)
+        #: CPU devices run attention with the single-work-item vector kernel; GPUs with the
+        #: work-group kernel (both are exercised by the tests on PoCL).
+        self.vector_attention = bool(dev.type & cl.device_type.CPU)
 
     def _new_buffer(self, nbytes: int) -> Any:
         if nbytes > self._max_alloc:
@@ -871,13 +878,24 @@ class OpenCLBackend(TableBackend):
             k = self._input(p.k, [p.o])
             val = self._input(p.v, [p.o])
             o = self._at(p.o)
+            args = (
+                q.buffer, I64(q.offset), k.buffer, I64(k.offset), val.buffer, I64(val.offset),
+                o.buffer, I64(o.offset), I32(p.seq_q), I32(p.seq_kv), np.float32(p.scale), I32(int(p.causal)),
+            )  # fmt: skip
+            if self.vector_attention and p.head_dim <= _VEC_ATTN_MAX_DIM:
+                bkv = 64 if p.head_dim <= 128 else 32
+                kernel = self._kernel(
+                    "attention", "attention_fwd_vec", HD=p.head_dim, BQ=_VEC_ATTN_BQ, BKV=bkv, VW=8
+                )
+                self._launch(kernel, (_ceil_div(p.seq_q, _VEC_ATTN_BQ), p.batch * p.heads), (1, 1), *args)
+                return
             bkv = max(1, min(64, 6144 // p.head_dim))
             bq = min(_ATTN_BQ, self._max_wg)
             kernel = self._kernel("attention", "attention_fwd", HD=p.head_dim, BQ=bq, BKV=bkv)
             self._launch(
                 kernel, (_round_up(p.seq_q, bq), p.batch * p.heads), (bq, 1),
                 q.buffer, I64(q.offset), k.buffer, I64(k.offset), val.buffer, I64(val.offset),
-                o.buffer, I64(o.offset), I32(p.seq_q), I32(p.seq_kv), np.float32(p.scale), I32(int(p.causal)),
+                *args,
             )  # fmt: skip
 
     # ------------------------------------------------------------------ reductions

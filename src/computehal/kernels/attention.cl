@@ -91,3 +91,146 @@ KERNEL void attention_fwd(GLOBAL const float* RESTRICT q, i64 qo, GLOBAL const f
         for (int d = 0; d < HD; ++d) out[d] = run_sum > 0.0f ? acc[d] * inv : 0.0f;
     }
 }
+
+/* The same attention for CPU devices: one work-item per group owns BQ query rows of one head and
+ * computes with explicit VW-wide vectors (PoCL compiles them to AVX registers as written).
+ * Per key tile of BKV rows it stages K transposed and V in private memory, computes the BQ x BKV
+ * scores as a register-blocked product, updates the online softmax row by row, and accumulates
+ * P·V as a second register-blocked product. Grid: (ceil(seq_q / BQ), batch * heads).
+ * Build parameters: HD, BQ, BKV (a multiple of 2 * VW), VW. */
+#ifndef VW
+#define VW 8
+#endif
+#define HDP (((HD) + 2 * VW - 1) / (2 * VW) * (2 * VW))
+#define HDV (HDP / VW)
+#define KVV (BKV / VW)
+
+KERNEL void attention_fwd_vec(GLOBAL const float* RESTRICT q, i64 qo, GLOBAL const float* RESTRICT k, i64 ko,
+                              GLOBAL const float* RESTRICT v, i64 vo, GLOBAL float* RESTRICT o, i64 oo,
+                              int seq_q, int seq_kv, float scale, int causal) {
+    VEC_T kt[HD][KVV];  /* kt[d][j / VW], lane j % VW: K tile transposed */
+    VEC_T vt[BKV][HDV]; /* V tile, rows padded to HDP */
+    VEC_T acc[BQ][HDV];
+    VEC_T sv[BQ][KVV];  /* scores, then probabilities, of the current tile */
+    float qs[BQ][HD];
+    float run_max[BQ];
+    float run_sum[BQ];
+    i64 bh = GID(1);
+    i64 row0 = GID(0) * BQ;
+    if (row0 >= seq_q) return;
+    int rows = (int)(seq_q - row0 < BQ ? seq_q - row0 : BQ);
+    i64 offset = (i64)seq_kv - seq_q;
+    GLOBAL const float* kh = k + ko + bh * (i64)seq_kv * HD;
+    GLOBAL const float* vh = v + vo + bh * (i64)seq_kv * HD;
+    float* ktf = (float*)kt;
+    float* vtf = (float*)vt;
+    for (int r = 0; r < BQ; ++r) {
+        for (int d = 0; d < HD; ++d) qs[r][d] = r < rows ? q[qo + (bh * seq_q + row0 + r) * HD + d] * scale : 0.0f;
+        for (int dv = 0; dv < HDV; ++dv) acc[r][dv] = VZERO;
+        run_max[r] = -INFINITY;
+        run_sum[r] = 0.0f;
+    }
+    for (int e = 0; e < BKV * HDP; ++e) vtf[e] = 0.0f;
+    i64 group_end = seq_kv;
+    if (causal) {
+        group_end = row0 + rows - 1 + offset + 1;
+        group_end = group_end < 0 ? 0 : (group_end > seq_kv ? seq_kv : group_end);
+    }
+    for (i64 j0 = 0; j0 < group_end; j0 += BKV) {
+        int tile = (int)(group_end - j0 < BKV ? group_end - j0 : BKV);
+        for (int jj = 0; jj < BKV; ++jj) {
+            GLOBAL const float* krow = kh + (j0 + jj) * HD;
+            GLOBAL const float* vrow = vh + (j0 + jj) * HD;
+            if (jj < tile) {
+                for (int d = 0; d < HD; ++d) {
+                    ktf[d * BKV + jj] = krow[d];
+                    vtf[jj * HDP + d] = vrow[d];
+                }
+            } else {
+                for (int d = 0; d < HD; ++d) ktf[d * BKV + jj] = 0.0f;
+            }
+        }
+        /* scores: sv[r][jv] = sum_d qs[r][d] * kt[d][jv] */
+        for (int jv = 0; jv < KVV; jv += 2) {
+            VEC_T c0[BQ], c1[BQ];
+#pragma unroll
+            for (int r = 0; r < BQ; ++r) {
+                c0[r] = VZERO;
+                c1[r] = VZERO;
+            }
+            for (int d = 0; d < HD; ++d) {
+                VEC_T k0 = kt[d][jv];
+                VEC_T k1 = kt[d][jv + 1];
+#pragma unroll
+                for (int r = 0; r < BQ; ++r) {
+                    float qv = qs[r][d];
+                    c0[r] += k0 * qv;
+                    c1[r] += k1 * qv;
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < BQ; ++r) {
+                sv[r][jv] = c0[r];
+                sv[r][jv + 1] = c1[r];
+            }
+        }
+        /* online softmax, row by row */
+        for (int r = 0; r < BQ; ++r) {
+            float* sr = (float*)sv[r];
+            i64 end = j0 + tile;
+            if (causal) {
+                i64 mine = row0 + r + offset + 1;
+                end = mine < end ? mine : end;
+            }
+            float tile_max = -INFINITY;
+            for (int jj = 0; jj < BKV; ++jj) {
+                int visible = r < rows && j0 + jj < end;
+                float s = visible ? sr[jj] : -INFINITY;
+                sr[jj] = s;
+                tile_max = s > tile_max ? s : tile_max;
+            }
+            if (!(tile_max > -INFINITY)) {
+                for (int jj = 0; jj < BKV; ++jj) sr[jj] = 0.0f;
+                continue;
+            }
+            float new_max = tile_max > run_max[r] ? tile_max : run_max[r];
+            float corr = exp(run_max[r] - new_max);
+            float total = run_sum[r] * corr;
+            for (int dv = 0; dv < HDV; ++dv) acc[r][dv] = acc[r][dv] * corr;
+            for (int jv = 0; jv < KVV; ++jv) sv[r][jv] = VEXP(sv[r][jv] - new_max);
+            for (int jj = 0; jj < BKV; ++jj) total += sr[jj];
+            run_sum[r] = total;
+            run_max[r] = new_max;
+        }
+        /* acc[r][dv] += sum_j p[r][j] * vt[j][dv] */
+        for (int dv = 0; dv < HDV; dv += 2) {
+            VEC_T c0[BQ], c1[BQ];
+#pragma unroll
+            for (int r = 0; r < BQ; ++r) {
+                c0[r] = acc[r][dv];
+                c1[r] = acc[r][dv + 1];
+            }
+            for (int jj = 0; jj < tile; ++jj) {
+                VEC_T v0 = vt[jj][dv];
+                VEC_T v1 = vt[jj][dv + 1];
+#pragma unroll
+                for (int r = 0; r < BQ; ++r) {
+                    float pj = ((float*)sv[r])[jj];
+                    c0[r] += v0 * pj;
+                    c1[r] += v1 * pj;
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < BQ; ++r) {
+                acc[r][dv] = c0[r];
+                acc[r][dv + 1] = c1[r];
+            }
+        }
+    }
+    for (int r = 0; r < rows; ++r) {
+        GLOBAL float* out = o + oo + (bh * seq_q + row0 + r) * HD;
+        float* ar = (float*)acc[r];
+        float inv = run_sum[r] > 0.0f ? 1.0f / run_sum[r] : 0.0f;
+        for (int d = 0; d < HD; ++d) out[d] = run_sum[r] > 0.0f ? ar[d] * inv : 0.0f;
+    }
+}

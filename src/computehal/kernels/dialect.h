@@ -12,7 +12,8 @@
  *   F32_BITS(x) BITS_F32(u)   reinterpret a float as a 32-bit unsigned int and back
  *   VEC_T, VW         a vector of VW REALs (OpenCL floatN / doubleN; a small struct in CUDA)
  *   VZERO             a zero VEC_T;  VLOAD(p): load a VEC_T from an aligned GLOBAL pointer
- *   vec + vec, vec * scalar, vec += vec   work in both languages
+ *   vec + vec, vec * scalar, vec - scalar, vec += vec   work in both languages
+ *   VEXP(v)           element-wise exp of a VEC_T
  * REAL (float or double) and, for the vector kernels, VW are defined by the host when a family
  * is built. Builtin calls (fma, mad, vload) are avoided in hot loops: PoCL's CPU device does not
  * inline them, and its fma on half vectors aborts.
@@ -50,6 +51,7 @@ typedef uint u32;
 #define VEC_T CHAL_CAT(REAL, VW)
 #define VZERO ((VEC_T)((REAL)0))
 #define VLOAD(p) (*(GLOBAL const VEC_T*)(p))
+#define VEXP(x) exp(x)
 
 #elif defined(__CUDACC__) || defined(__CUDACC_RTC__)
 
@@ -90,6 +92,20 @@ __device__ __forceinline__ chal_vec<T, W> operator*(const chal_vec<T, W>& a, T s
     return r;
 }
 template <typename T, int W>
+__device__ __forceinline__ chal_vec<T, W> operator-(const chal_vec<T, W>& a, T s) {
+    chal_vec<T, W> r;
+#pragma unroll
+    for (int i = 0; i < W; ++i) r.v[i] = a.v[i] - s;
+    return r;
+}
+template <typename T, int W>
+__device__ __forceinline__ chal_vec<T, W> chal_vexp(const chal_vec<T, W>& a) {
+    chal_vec<T, W> r;
+#pragma unroll
+    for (int i = 0; i < W; ++i) r.v[i] = exp(a.v[i]);
+    return r;
+}
+template <typename T, int W>
 __device__ __forceinline__ chal_vec<T, W>& operator+=(chal_vec<T, W>& a, const chal_vec<T, W>& b) {
 #pragma unroll
     for (int i = 0; i < W; ++i) a.v[i] += b.v[i];
@@ -105,6 +121,7 @@ __device__ __forceinline__ chal_vec<T, W> chal_vec_zero() {
 #define VEC_T chal_vec<REAL, VW>
 #define VZERO (chal_vec_zero<REAL, VW>())
 #define VLOAD(p) (*(const VEC_T*)(p))
+#define VEXP(x) chal_vexp(x)
 
 #else
 #error "computehal kernels compile as OpenCL C or CUDA C++ only"
