@@ -402,6 +402,11 @@ def test_matmul_errors(be: ch.CpuBackend) -> None:
         ca.matmul(ca.zeros((4, 6), be)[:, ::2], ca.zeros((3, 2), be))  # no unit stride
     with pytest.raises(ch.InvalidArgumentError):
         ca.matmul(a32, np.zeros((3, 2), np.float32))  # type: ignore[arg-type]
+    square = ca.zeros((3, 3), be)
+    with pytest.raises(ch.InvalidArgumentError):
+        ca.matmul(square, ca.zeros((3, 3), be), out=square)  # BLAS output may not alias an input
+    with pytest.raises(ch.InvalidArgumentError):
+        square.reshape("a", 3)
 
 
 # --------------------------------------------------------------------------- convolution

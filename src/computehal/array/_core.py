@@ -487,7 +487,12 @@ class DeviceArray:
         wanted: list[int] = []
         unknown = -1
         for i, item in enumerate(dims):
-            value = operator.index(item)
+            try:
+                value = operator.index(item)
+            except TypeError:
+                raise InvalidArgumentError(
+                    f"shape[{i}] must be an integer, got {type(item).__name__}"
+                ) from None
             if value == -1:
                 if unknown >= 0:
                     raise InvalidArgumentError("can only specify one unknown dimension (-1)")

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError
 from ..types import BinaryOp, ReduceOp, UnaryOp, coerce_enum
-from ._core import DeviceArray, empty
+from ._core import DeviceArray, _as_shape, _span, empty
 
 __all__ = [
     "matmul",
@@ -172,6 +172,15 @@ def _layout(name: str, x: DeviceArray) -> tuple[bool, int]:
     )
 
 
+def _overlap(x: DeviceArray, y: DeviceArray) -> bool:
+    """True when the byte ranges the two arrays span intersect."""
+    if not x.size or not y.size:
+        return False
+    xlo, xhi = _span(x.shape, x.strides, x.itemsize)
+    ylo, yhi = _span(y.shape, y.strides, y.itemsize)
+    return x.ptr + xlo < y.ptr + yhi and y.ptr + ylo < x.ptr + xhi
+
+
 def _batch_stride(name: str, x: DeviceArray) -> int:
     if x.ndim == 2:
         return 0
@@ -238,6 +247,8 @@ def matmul(
             raise InvalidArgumentError(f"out has shape {out.shape}, expected {shape}")
         _check_dtype("out", out, [a.dtype])
         c, fresh = out, False
+    if not fresh and (_overlap(c, a) or _overlap(c, b)):
+        raise InvalidArgumentError("out must not share memory with a or b (BLAS reads them while writing)")
     a_col, lda = _layout("a", a)
     b_col, ldb = _layout("b", b)
     c_col, ldc = _layout("out", c)
@@ -337,7 +348,7 @@ def conv2d_backward_data(
 ) -> DeviceArray:
     """Gradient of :func:`conv2d` with respect to its input, of shape ``input_shape`` (NCHW)."""
     _inputs([F32], grad_output=grad_output, weight=weight)
-    shape = tuple(int(operator.index(d)) for d in input_shape)
+    shape = _as_shape(input_shape, "input_shape")
     if len(shape) != 4:
         raise InvalidArgumentError(f"input_shape must have 4 entries, got {shape}")
     _four("grad_output", grad_output)
@@ -378,7 +389,7 @@ def conv2d_backward_filter(
     _inputs([F32], x=x, grad_output=grad_output)
     _four("x", x)
     _four("grad_output", grad_output)
-    dims = tuple(int(operator.index(d)) for d in filter_shape)
+    dims = _as_shape(filter_shape, "filter_shape")
     if len(dims) == 2:
         dims = (grad_output.shape[1], x.shape[1], *dims)
     if len(dims) != 4:
