@@ -32,8 +32,8 @@ class Opaque(ch.ForwardingBackend):
     def __init__(self, wrapped: ch.ComputeBackend) -> None:
         self._wrapped = wrapped
 
-    @property  # type: ignore[override]
-    def inner(self) -> ch.ComputeBackend:
+    @property
+    def inner(self) -> ch.ComputeBackend:  # type: ignore[override]
         return self._wrapped
 
     def name(self) -> str:
@@ -65,7 +65,8 @@ def test_export_to_numpy_shares_memory(be: ch.CpuBackend) -> None:
 def test_export_of_strided_views(be: ch.CpuBackend) -> None:
     host = np.arange(30, dtype=np.float64).reshape(5, 6)
     a = ch.asarray(host, be)
-    for key in [(slice(1, 4), slice(None, None, 2)), (slice(None, None, -1), 3), (Ellipsis,)]:
+    keys: list[Any] = [(slice(1, 4), slice(None, None, 2)), (slice(None, None, -1), 3), (Ellipsis,)]
+    for key in keys:
         v = a[key]
         exported = np.from_dlpack(v)
         assert np.array_equal(exported, host[key])
@@ -103,7 +104,7 @@ def test_dlpack_arguments(be: ch.CpuBackend) -> None:
     with pytest.raises(BufferError):
         a.__dlpack__(dl_device=(DLDeviceType.CUDA, 0))
     with pytest.raises(BufferError):
-        a.__dlpack__(dl_device="cpu")
+        a.__dlpack__(dl_device="cpu")  # type: ignore[arg-type]
 
 
 def test_numpy_copy_false_is_a_view(be: ch.CpuBackend) -> None:
