@@ -33,6 +33,7 @@ def lazy(module: str, cls: str, **kwargs: Any) -> Callable[[], ComputeBackend]:
 #: name -> factory of a fresh, uninitialised backend. One line per backend.
 BACKEND_FACTORIES: dict[str, Callable[[], ComputeBackend]] = {
     "cpu": lazy("computehal.backends.cpu", "CpuBackend"),
+    "opencl": lazy("computehal.backends.opencl", "OpenCLBackend"),
 }
 
 #: Errors that mean "this backend cannot run on this machine" (skip, unless required).

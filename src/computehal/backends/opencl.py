@@ -338,6 +338,7 @@ class OpenCLBackend(TableBackend):
         register block walked ``tile_n / NR`` times along n. ``tile_k`` is 1: k streams
         through the registers one rank-1 update at a time from packed panels.
         """
+        self._memory()
         mm, nn = as_count("m", m), as_count("n", n)
         as_count("k", k)
         vw, nr = _GEMM_TILE[F32]
