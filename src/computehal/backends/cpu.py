@@ -207,7 +207,8 @@ class CpuBackend(TableBackend):
     @classmethod
     def _array(cls, region: Region, shape: tuple[int, ...], dtype: Any = F32) -> FloatArray:
         """A writable view of ``region`` as a C-contiguous array (the region was validated)."""
-        return cls._bytes(region).view(dtype).reshape(shape)
+        array: FloatArray = cls._bytes(region).view(dtype).reshape(shape)
+        return array
 
     @classmethod
     def _matrix(cls, region: Region, rows: int, cols: int, ld: int, dtype: np.dtype[Any]) -> FloatArray:
@@ -414,6 +415,14 @@ class CpuBackend(TableBackend):
             return
         x = self._array(p.x, (p.n, p.c, p.h, p.w))
         f = self._array(p.f, (p.k, p.c * p.fh * p.fw))
+        if p.sh == p.sw == 1 and not (p.fh == p.fw == 1 and p.ph == p.pw == 0):
+            taps = np.ascontiguousarray(f.reshape(p.k, p.c, p.fh, p.fw).transpose(2, 3, 0, 1))
+            out = self._array(p.y, (p.n, p.k, p.oh, p.ow))
+            target = np.empty_like(out) if self.overlaps(p.y, p.x) else out
+            _conv_s1(x, taps, p.ph, p.pw, target)
+            if target is not out:
+                out[...] = target
+            return
         cols = self._im2col(p, x)
         if self.overlaps(p.y, p.x, p.f):
             y[...] = np.matmul(f, cols)
@@ -453,6 +462,18 @@ class CpuBackend(TableBackend):
             return
         gy = self._array(p.y, (p.n, p.k, p.oh * p.ow))
         f = self._array(p.f, (p.k, p.c * p.fh * p.fw))
+        if p.sh == p.sw == 1 and p.ph < p.fh and p.pw < p.fw and not (p.fh == p.fw == 1):
+            # Stride 1: the data gradient is the forward convolution of the output gradient,
+            # padded by (F - 1 - pad), with the filter flipped and its K and C swapped.
+            taps = np.ascontiguousarray(
+                f.reshape(p.k, p.c, p.fh, p.fw)[:, :, ::-1, ::-1].transpose(2, 3, 1, 0)
+            )
+            grad = gy.reshape(p.n, p.k, p.oh, p.ow)
+            target = np.empty_like(gx) if self.overlaps(p.x, p.y) else gx
+            _conv_s1(grad, taps, p.fh - 1 - p.ph, p.fw - 1 - p.pw, target)
+            if target is not gx:
+                gx[...] = target
+            return
         gcols = np.matmul(f.T, gy).reshape(p.n, p.c, p.fh, p.fw, p.oh, p.ow)
         if p.fh == p.fw == p.sh == p.sw == 1 and p.ph == p.pw == 0:
             gx[...] = gcols.reshape(gx.shape)
@@ -495,6 +516,12 @@ class CpuBackend(TableBackend):
             return
         x = self._array(p.x, (p.n, p.c, p.h, p.w))
         gy = self._array(p.y, (p.n, p.k, p.oh * p.ow))
+        if p.sh == p.sw == 1 and not (p.fh == p.fw == 1 and p.ph == p.pw == 0):
+            taps = np.empty((p.fh, p.fw, p.k, p.c), dtype=F32)
+            grad = gy.reshape(p.n, p.k, p.oh, p.ow)
+            if _conv_s1_filter_grad(x, grad, p.fh, p.fw, p.ph, p.pw, taps):
+                gf.reshape(p.k, p.c, p.fh, p.fw)[...] = taps.transpose(2, 3, 0, 1)
+                return
         cols = self._im2col(p, x)
         crs, spatial = cols.shape[1], cols.shape[2]
         # grad_filter (K x CRS, row-major) = sum_n gy[n] @ cols[n]^T; in column-major terms
@@ -537,10 +564,15 @@ class CpuBackend(TableBackend):
         aliased = self.overlaps(p.o, p.q, p.k, p.v)
         target = np.empty_like(o) if aliased else o
         tasks = [(h, i0) for h in range(bh) for i0 in range(0, p.seq_q, self._block_q)]
+        block_q, block_kv = min(self._block_q, p.seq_q), min(self._block_kv, p.seq_kv)
 
         def run(start: int, stop: int) -> None:
+            # Per-thread scratch, reused by every tile: scores of one query block against
+            # one key block.
+            scratch = np.empty(block_q * block_kv, dtype=F32)
+            upper = np.arange(block_q)[None, :] >= np.arange(block_q)[:, None]
             for h, i0 in tasks[start:stop]:
-                self._attention_block(p, q[h], k[h], val[h], target[h], i0)
+                self._attention_block(p, q[h], k[h], val[h], target[h], i0, scratch, upper)
 
         with _single_threaded_blas():
             _parallel_ranges(len(tasks), run, grain=1)
@@ -548,25 +580,49 @@ class CpuBackend(TableBackend):
             o[...] = target
 
     def _attention_block(
-        self, p: v.AttentionProblem, q: FloatArray, k: FloatArray, val: FloatArray, o: FloatArray, i0: int
+        self,
+        p: v.AttentionProblem,
+        q: FloatArray,
+        k: FloatArray,
+        val: FloatArray,
+        o: FloatArray,
+        i0: int,
+        scratch: FloatArray,
+        upper: npt.NDArray[np.bool_],
     ) -> None:
-        """Online-softmax attention for query rows [i0, i0 + block) of one head."""
+        """Online-softmax attention for query rows [i0, i0 + block) of one head.
+
+        Keys are visited in chunks of ``block_kv``. Under a causal mask, keys no row of
+        the block sees are never touched, and the mask is written only over the
+        diagonal columns (keys some rows see and others do not); ``upper`` is the
+        cached ``[block_q, block_q]`` mask ``t >= u`` of the usual diagonal block.
+        """
         i1 = min(i0 + self._block_q, p.seq_q)
         rows = i1 - i0
-        scale = np.float32(p.scale)
-        qs = q[i0:i1] * scale
+        qs = q[i0:i1] * np.float32(p.scale)
         row_max = np.full(rows, -np.inf, dtype=F32)
         row_sum = np.zeros(rows, dtype=F32)
         acc = np.zeros((rows, p.head_dim), dtype=F32)
-        # Keys beyond the last one any row of this block may see are skipped entirely.
-        kv_end = p.seq_kv if not p.causal else max(0, min(p.seq_kv, i1 - 1 + p.causal_offset + 1))
-        query_index = np.arange(i0, i1)[:, None]
+        if p.causal:
+            # Row i sees key j iff j <= i + offset.
+            kv_end = max(0, min(p.seq_kv, i1 + p.causal_offset))
+            open_end = max(0, min(kv_end, i0 + p.causal_offset + 1))
+        else:
+            kv_end = open_end = p.seq_kv
         for j0 in range(0, kv_end, self._block_kv):
             j1 = min(j0 + self._block_kv, kv_end)
-            scores = qs @ k[j0:j1].T
-            if p.causal and j1 - 1 > i0 + p.causal_offset:
-                hidden = np.arange(j0, j1)[None, :] > query_index + p.causal_offset
-                scores[hidden] = -np.inf
+            scores = scratch[: rows * (j1 - j0)].reshape(rows, j1 - j0)
+            np.matmul(qs, k[j0:j1].T, out=scores)
+            if j1 > open_end:
+                # Only the diagonal columns [m0, j1) are partly hidden: key m0 + t is
+                # hidden from row i0 + u iff t - u > i0 + offset - m0.
+                m0 = max(j0, open_end)
+                limit = i0 + p.causal_offset - m0
+                if limit == -1 and j1 - m0 <= upper.shape[1]:
+                    hidden = upper[:rows, : j1 - m0]  # the usual case: t >= u
+                else:
+                    hidden = np.arange(j1 - m0)[None, :] - np.arange(rows)[:, None] > limit
+                np.copyto(scores[:, m0 - j0 :], np.float32(-np.inf), where=hidden)
             block_max = np.max(scores, axis=1)
             new_max = np.maximum(row_max, block_max)
             # Rows that have seen no key yet keep a finite reference so exp() gives 0.
@@ -575,12 +631,12 @@ class CpuBackend(TableBackend):
             np.exp(scores, out=scores)
             correction = np.exp(row_max - safe_max)
             row_sum *= correction
-            row_sum += scores.sum(axis=1)
+            row_sum += np.add.reduce(scores, axis=1)
             acc *= correction[:, None]
             acc += scores @ val[j0:j1]
             row_max = new_max
         with np.errstate(invalid="ignore", divide="ignore"):
-            np.divide(acc, row_sum[:, None], out=o[i0:i1], where=row_sum[:, None] > 0)
+            np.divide(acc, row_sum[:, None], out=o[i0:i1])
         o[i0:i1][row_sum <= 0] = 0
 
     # ------------------------------------------------------------------ reductions
@@ -714,6 +770,143 @@ class CpuBackend(TableBackend):
         _parallel_ranges(destinations.size, run, grain=max(1, PARALLEL_THRESHOLD // p.cols))
 
 
+# --------------------------------------------------------------------------- stride-1 convolution
+#
+# A stride-1 convolution over a zero-padded image stored flat as [C, Hp * Wp] is, for
+# each filter tap (r, s), one GEMM whose B operand is the padded image shifted by
+# r * Wp + s elements: output row oh, column ow of the "padded-width" output
+# [K, Oh * Wp] reads input (oh + r, ow + s). The columns ow >= Ow of each output row
+# wrap into the next padded row and are discarded. So no im2col buffer is built: the
+# only copy is the padding, and the taps accumulate in BLAS (beta = 1).
+
+
+def _pad_flat(image: FloatArray, ph: int, pw: int, fw: int, buffer: FloatArray) -> FloatArray:
+    """Write ``image`` [C, H, W] zero-padded into ``buffer`` (flat, [C, Hp, Wp] + fw spare)."""
+    c, h, w = image.shape
+    hp, wp = h + 2 * ph, w + 2 * pw
+    body = buffer[: c * hp * wp].reshape(c, hp, wp)
+    if ph:
+        body[:, :ph] = 0
+        body[:, ph + h :] = 0
+    if pw:
+        body[:, ph : ph + h, :pw] = 0
+        body[:, ph : ph + h, pw + w :] = 0
+    body[:, ph : ph + h, pw : pw + w] = image
+    buffer[c * hp * wp :] = 0
+    return buffer
+
+
+def _conv_s1_image(
+    padded: FloatArray,
+    taps: FloatArray,
+    cin: int,
+    hp: int,
+    wp: int,
+    oh: int,
+    ow: int,
+    wide: FloatArray,
+    out: FloatArray,
+) -> None:
+    """One image of a stride-1 convolution: ``out`` [Kout, Oh, Ow] from a padded flat input.
+
+    ``taps`` is [Fh, Fw, Kout, Cin] (row-major), ``wide`` a [Kout, Oh * Wp] scratch.
+    """
+    fh, fw, kout = taps.shape[0], taps.shape[1], taps.shape[2]
+    span = oh * wp
+    base = padded.ctypes.data
+    first = True
+    for r in range(fh):
+        for s in range(fw):
+            # wide^T [span x Kout] (+)= shifted^T [span x Cin] @ tap^T [Cin x Kout], column-major.
+            gemm_at(
+                F32, False, False, span, kout, cin, 1.0,
+                base + 4 * (r * wp + s), hp * wp, taps[r, s].ctypes.data, cin,
+                0.0 if first else 1.0, wide.ctypes.data, span,
+            )  # fmt: skip
+            first = False
+    out[...] = wide.reshape(kout, oh, wp)[:, :, :ow]
+
+
+def _conv_s1(images: FloatArray, taps: FloatArray, ph: int, pw: int, out: FloatArray) -> None:
+    """Stride-1 convolution of ``images`` [N, Cin, H, W] with ``taps`` [Fh, Fw, Kout, Cin].
+
+    ``out`` is [N, Kout, Oh, Ow]; images are split across the worker threads, each
+    running single-threaded BLAS (one image alone uses the threaded BLAS instead).
+    """
+    n, cin, h, w = images.shape
+    fw, kout = taps.shape[1], taps.shape[2]
+    hp, wp = h + 2 * ph, w + 2 * pw
+    oh, ow = out.shape[2], out.shape[3]
+
+    def run(start: int, stop: int) -> None:
+        padded = np.empty(cin * hp * wp + fw, dtype=F32)
+        wide = np.empty((kout, oh * wp), dtype=F32)
+        for i in range(start, stop):
+            _pad_flat(images[i], ph, pw, fw, padded)
+            _conv_s1_image(padded, taps, cin, hp, wp, oh, ow, wide, out[i])
+
+    if n >= 2:
+        with _single_threaded_blas():
+            _parallel_ranges(n, run, grain=1)
+    else:
+        run(0, n)
+
+
+def _conv_s1_filter_grad(
+    images: FloatArray, grad: FloatArray, fh: int, fw: int, ph: int, pw: int, out: FloatArray
+) -> bool:
+    """Filter gradient of a stride-1 convolution; ``out`` is [Fh, Fw, K, C] (row-major).
+
+    ``images`` [N, C, H, W], ``grad`` [N, K, Oh, Ow]. For tap (r, s):
+    ``out[r, s] = sum_n grad'[n] @ shifted[n]^T`` where ``grad'`` is the gradient spread
+    to the padded width with zeros in the wrapped columns. Those zeros multiply real
+    input values, which is exact only when they are finite: returns False (leaving
+    ``out`` unspecified) when an image holds inf or NaN, so the caller can take the
+    exact im2col route.
+    """
+    n, c, h, w = images.shape
+    k, oh, ow = grad.shape[1], grad.shape[2], grad.shape[3]
+    hp, wp = h + 2 * ph, w + 2 * pw
+    span = oh * wp
+    parts = min(_workers(), n)
+    partial = np.zeros((parts, fh, fw, k, c), dtype=F32)
+    finite = [True] * parts
+
+    def run(part: int) -> None:
+        start, stop = n * part // parts, n * (part + 1) // parts
+        padded = np.empty(c * hp * wp + fw, dtype=F32)
+        wide = np.zeros((k, oh, wp), dtype=F32)
+        acc = partial[part]
+        for i in range(start, stop):
+            _pad_flat(images[i], ph, pw, fw, padded)
+            if not np.isfinite(padded).all():
+                finite[part] = False
+                return
+            wide[:, :, :ow] = grad[i]
+            base = padded.ctypes.data
+            for r in range(fh):
+                for s in range(fw):
+                    # acc[r, s]^T [C x K] += shifted [C x span] @ wide^T [span x K], column-major.
+                    gemm_at(
+                        F32, True, False, c, k, span, 1.0,
+                        base + 4 * (r * wp + s), hp * wp, wide.ctypes.data, span,
+                        1.0, acc[r, s].ctypes.data, c,
+                    )  # fmt: skip
+
+    if parts > 1:
+        with _single_threaded_blas():
+            futures = [_thread_pool().submit(run, part) for part in range(1, parts)]
+            run(0)
+            for future in futures:
+                future.result()
+    else:
+        run(0)
+    if not all(finite):
+        return False
+    np.sum(partial, axis=0, out=out)
+    return True
+
+
 def _softmax_slices(x: FloatArray, out: FloatArray) -> None:
     """Softmax over axis 1 of [outer, length, inner] views; ``out`` may be ``x``."""
     peak = np.fmax.reduce(x, axis=1, initial=-np.inf, keepdims=True)
@@ -724,14 +917,27 @@ def _softmax_slices(x: FloatArray, out: FloatArray) -> None:
         np.divide(out, total, out=out)
 
 
+_blas_controller: Any = None
+
+
 @contextmanager
 def _single_threaded_blas() -> Iterator[None]:
-    """Run BLAS single-threaded inside the block (our own threads split the work)."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
+    """Run BLAS single-threaded inside the block (our own threads split the work).
+
+    The threadpoolctl controller is built once: ``threadpool_limits`` rescans every
+    loaded library on each use, which costs milliseconds per call.
+    """
+    global _blas_controller
+    if _blas_controller is None:
+        try:
+            import scipy.linalg.cython_blas  # noqa: F401  (load SciPy's BLAS before the scan)
+            from threadpoolctl import ThreadpoolController
+        except ImportError:
+            _blas_controller = False
+        else:
+            _blas_controller = ThreadpoolController()
+    if _blas_controller is False:
         yield
         return
-    with threadpool_limits(limits=1, user_api="blas"):
+    with _blas_controller.limit(limits=1, user_api="blas"):
         yield
-
