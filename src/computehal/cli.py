@@ -62,7 +62,10 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, in
     def line(values: Sequence[str]) -> str:
         return (indent + "  ".join(value.ljust(widths[i]) for i, value in enumerate(values))).rstrip()
 
-    out = [line(list(headers)), line(["-" * width for width in widths])]
+    rule = ["-" * width for width in widths]
+    if rule:
+        rule[-1] = rule[-1][: max(len(headers[-1]), 40)]  # a long free-text last column wraps anyway
+    out = [line(list(headers)), line(rule)]
     out.extend(line(row) for row in cells)
     return "\n".join(out)
 
@@ -318,11 +321,11 @@ def _check_one(
             s.cases,
             "PASS" if s.failed == 0 else f"FAIL ({s.failed})",
             f"{s.max_error:.3g}",
-            f"{s.seconds * 1e3:.1f}",
+            f"{s.seconds:.2f}",
         )
         for s in summaries.values()
     ]
-    out.write(format_table(("OP", "CASES", "RESULT", "MAX ERROR", "TIME (ms)"), rows, indent="   ") + "\n")
+    out.write(format_table(("OP", "CASES", "RESULT", "MAX ERROR", "TIME (s)"), rows, indent="   ") + "\n")
     if args.verbose_cases:
         for s in summaries.values():
             case_rows = [
