@@ -22,6 +22,7 @@ import argparse
 import importlib
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -31,7 +32,7 @@ from typing import Any, TextIO
 from . import __version__
 from .backend import ComputeBackend
 from .errors import BackendError
-from .probe import ProbeEntry, ProbeReport, parse_backend_name, probe, start_backend
+from .probe import ENV_VAR, ProbeEntry, ProbeReport, parse_backend_name, probe, start_backend
 from .registry import BackendKind
 from .types import Capabilities, DeviceInfo
 
@@ -141,6 +142,9 @@ def _devices(args: argparse.Namespace, out: TextIO) -> int:
     best = registry.select_best()
     out.write(f"\nauto() would choose: {best.value}; fallback chain: ")
     out.write(" -> ".join(kind.value for kind in registry.fallback_chain()) + "\n")
+    override = os.environ.get(ENV_VAR, "").strip()
+    if override and override.lower() != "auto":
+        out.write(f"{ENV_VAR}={override} overrides that choice\n")
     return 0
 
 

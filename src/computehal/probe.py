@@ -503,11 +503,18 @@ def create_backend(
     return backend
 
 
-def auto(request: SelectionRequest | None = None, *, strict: bool = False) -> ComputeBackend:
-    """The best initialised backend for this machine: :func:`create_backend` with a request.
+def auto(request: Request = None, *, strict: bool = False) -> ComputeBackend:
+    """The best initialised backend for this machine.
 
-    See :func:`create_backend` for the selection rules; :func:`last_selection` tells
-    which backend was chosen and why.
+    The same as :func:`create_backend` (which see for the selection rules, the
+    ``COMPUTEHAL_BACKEND`` override and ``strict``); :func:`last_selection` tells which
+    backend was chosen and why.
+
+    Examples
+    --------
+    >>> import computehal
+    >>> backend = computehal.auto()  # doctest: +SKIP
+    >>> print(computehal.last_selection().summary())  # doctest: +SKIP
     """
     return create_backend(request, strict=strict)
 
