@@ -335,3 +335,10 @@ def test_route_float64_matmul_avoids_backends_without_fp64() -> None:
 def test_route_rejects_unknown_op_class() -> None:
     with pytest.raises(InvalidArgumentError):
         BackendRegistry().route("teleport")
+
+
+def test_negative_priority_is_kept() -> None:
+    entry = BackendEntry(BackendKind.CUDA, True, priority=-1)
+    assert entry.priority == -1
+    registry = registry_of(entry, BackendEntry(BackendKind.CPU, True))
+    assert registry.select() is BackendKind.CPU

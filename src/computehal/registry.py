@@ -199,6 +199,10 @@ class SelectionRequest:
         )
 
 
+#: Marker default of :attr:`BackendEntry.priority`: "use the kind's default priority".
+_KIND_PRIORITY = -(2**63)
+
+
 @dataclass(frozen=True)
 class BackendEntry:
     """One backend kind as the registry sees it.
@@ -217,13 +221,13 @@ class BackendEntry:
 
     kind: BackendKind
     available: bool
-    priority: int = -1
+    priority: int = _KIND_PRIORITY
     capabilities: Capabilities = field(default_factory=Capabilities.cpu)
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, BackendKind):
             object.__setattr__(self, "kind", _as_kind(self.kind, "kind"))
-        if self.priority == -1:
+        if self.priority == _KIND_PRIORITY:
             object.__setattr__(self, "priority", self.kind.default_priority())
 
     def with_priority(self, priority: int) -> BackendEntry:
