@@ -23,7 +23,7 @@ import numpy as np
 from computehal.backends.opencl import OpenCLBackend
 
 
-def best_time(fn: Callable[[], None], repeat: int) -> float:
+def best_time(fn: Callable[[], object], repeat: int) -> float:
     """Smallest wall time of ``repeat`` calls of ``fn`` after one warm-up call."""
     fn()
     best = float("inf")
@@ -40,7 +40,8 @@ def numpy_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -
     scores -= scores.max(axis=-1, keepdims=True)
     np.exp(scores, out=scores)
     scores /= scores.sum(axis=-1, keepdims=True)
-    return np.matmul(scores, v)
+    result: np.ndarray = np.matmul(scores, v)
+    return result
 
 
 def row(name: str, value: float, unit: str, target: float, ratio: float) -> None:
@@ -56,7 +57,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     rng = np.random.default_rng(0)
-    with OpenCLBackend(args.device) as be:
+    be = OpenCLBackend(args.device)
+    be.init()
+    with be:
         print(f"device: {be.device_name()}")
 
         def put(array: np.ndarray) -> int:

@@ -14,11 +14,9 @@ kernels; operand data never goes through the host.
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 import numpy as np
@@ -26,6 +24,7 @@ import pyopencl as cl
 
 from .. import validation as v
 from ..errors import DeviceError, InvalidArgumentError, OutOfMemoryError, UnsupportedError
+from ..kernels import kernel_files, kernel_source
 from ..memory import AddressSpace, Allocation, Region, as_count
 from ..types import (
     BinaryOp,
@@ -90,41 +89,6 @@ _VEC_ATTN_MAX_DIM = 256
 
 _REDUCE_CODES = {ReduceOp.SUM: 0, ReduceOp.MAX: 1, ReduceOp.MIN: 2, ReduceOp.MEAN: 3}
 _ROUND_MODES = {MixedPrecision.F16: 1, MixedPrecision.BF16: 2}
-_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_.]+)"\s*$', re.MULTILINE)
-
-
-# --------------------------------------------------------------------------- kernel sources
-
-
-def kernel_files() -> list[str]:
-    """Names of every kernel source file shipped in ``computehal/kernels`` (``.cl`` and ``.h``)."""
-    root = resources.files("computehal") / "kernels"
-    return sorted(p.name for p in root.iterdir() if p.name.endswith((".cl", ".h")))
-
-
-def _read_kernel_file(name: str) -> str:
-    return (resources.files("computehal") / "kernels" / name).read_text(encoding="utf-8")
-
-
-def kernel_source(name: str) -> str:
-    """The text of kernel file ``name`` with its ``#include "..."`` lines expanded in place.
-
-    Expanding on the host makes a source self-contained, so it builds the same way with
-    OpenCL (no ``-I`` path) and with NVRTC. Each header is inserted once.
-    """
-    seen: set[str] = set()
-
-    def expand(text: str) -> str:
-        def include(match: re.Match[str]) -> str:
-            header = match.group(1)
-            if header in seen:
-                return ""
-            seen.add(header)
-            return expand(_read_kernel_file(header))
-
-        return _INCLUDE.sub(include, text)
-
-    return expand(_read_kernel_file(name))
 
 
 # --------------------------------------------------------------------------- devices
@@ -137,7 +101,9 @@ def _platforms() -> list[Any]:
         return []  # no ICD loader or no platform installed
 
 
-def list_devices(platform: str | None = None, device_filter: str | Callable[[Any], bool] | None = None) -> list[Any]:
+def list_devices(
+    platform: str | None = None, device_filter: str | Callable[[Any], bool] | None = None
+) -> list[Any]:
     """Every OpenCL device of every platform, in platform order, optionally filtered.
 
     Parameters
@@ -438,13 +404,17 @@ class OpenCLBackend(TableBackend):
             self._kernels[(program, name)] = kernel
         return kernel
 
-    def _launch(self, kernel: Any, global_size: Sequence[int], local_size: Sequence[int] | None, *args: Any) -> None:
+    def _launch(
+        self, kernel: Any, global_size: Sequence[int], local_size: Sequence[int] | None, *args: Any
+    ) -> None:
         if local_size is not None:
             global_size = [_round_up(g, ls) for g, ls in zip(global_size, local_size, strict=True)]
         if any(g == 0 for g in global_size):
             return
         kernel.set_args(*args)
-        cl.enqueue_nd_range_kernel(self._queue, kernel, tuple(global_size), None if local_size is None else tuple(local_size))
+        cl.enqueue_nd_range_kernel(
+            self._queue, kernel, tuple(global_size), None if local_size is None else tuple(local_size)
+        )
 
     def _scratch_buffer(self, slot: str, nbytes: int) -> Any:
         """A device scratch buffer of at least ``nbytes`` bytes, reused across calls.
@@ -468,7 +438,9 @@ class OpenCLBackend(TableBackend):
     def _at(region: Region, itemsize: int = 4) -> _Operand:
         return _Operand(region.payload, region.offset // itemsize)
 
-    def _input(self, region: Region, against: Iterable[Region], itemsize: int = 4, same_ok: bool = False) -> _Operand:
+    def _input(
+        self, region: Region, against: Iterable[Region], itemsize: int = 4, same_ok: bool = False
+    ) -> _Operand:
         """The operand at ``region``, or a device-side snapshot of it when it overlaps an output.
 
         ``same_ok`` accepts an output that starts exactly where the input starts (element-wise
@@ -478,7 +450,12 @@ class OpenCLBackend(TableBackend):
             if region.overlaps(out) and not (same_ok and out.offset == region.offset):
                 copy = self._new_buffer(region.nbytes)
                 cl.enqueue_copy(
-                    self._queue, copy, region.payload, byte_count=region.nbytes, src_offset=region.offset, dst_offset=0
+                    self._queue,
+                    copy,
+                    region.payload,
+                    byte_count=region.nbytes,
+                    src_offset=region.offset,
+                    dst_offset=0,
                 )
                 return _Operand(copy, 0)
         return self._at(region, itemsize)
@@ -487,7 +464,15 @@ class OpenCLBackend(TableBackend):
         if count == 0:
             return
         kernel = self._kernel("elementwise", "fill_f32")
-        self._launch(kernel, (count,), (min(256, self._max_wg),), region.payload, I64(region.offset // 4), np.float32(value), I64(count))
+        self._launch(
+            kernel,
+            (count,),
+            (min(256, self._max_wg),),
+            region.payload,
+            I64(region.offset // 4),
+            np.float32(value),
+            I64(count),
+        )
 
     # ------------------------------------------------------------------ GEMM engine
 
@@ -504,7 +489,8 @@ class OpenCLBackend(TableBackend):
         if dtype == F64:
             defines["USE_FP64"] = 1
         return {
-            name: self._kernel(family, name, **defines) for name in ("pack_a", "pack_b", "gemm_panels", "scale_c")
+            name: self._kernel(family, name, **defines)
+            for name in ("pack_a", "pack_b", "gemm_panels", "scale_c")
         }
 
     def _panels(
@@ -577,7 +563,9 @@ class OpenCLBackend(TableBackend):
             b.buffer, I64(b.offset), I64(strides[1]), I32(p.ldb), I32(int(p.trans_b)), I32(p.k), I32(p.n),
             bp, I64(bp_stride), I32(mode),
         )  # fmt: skip
-        self._panels(dtype, p.m, p.n, p.k, p.alpha, p.beta, batches, ap, ap_stride, bp, bp_stride, c, strides[2], p.ldc)
+        self._panels(
+            dtype, p.m, p.n, p.k, p.alpha, p.beta, batches, ap, ap_stride, bp, bp_stride, c, strides[2], p.ldc
+        )
 
     def _check_dtype(self, dtype: np.dtype[Any]) -> None:
         if dtype == F64 and not self.capabilities().supports_fp64:
@@ -735,7 +723,22 @@ class OpenCLBackend(TableBackend):
                     x.buffer, I64(x.offset), I64(n0), *self._conv_dims(p), ap, I64(ap_stride),
                 )  # fmt: skip
                 out = _Operand(y.buffer, y.offset + n0 * p.k * spatial)
-                self._panels(F32, spatial, p.k, crs, 1.0, 0.0, images, ap, ap_stride, bp, 0, out, p.k * spatial, spatial)
+                self._panels(
+                    F32,
+                    spatial,
+                    p.k,
+                    crs,
+                    1.0,
+                    0.0,
+                    images,
+                    ap,
+                    ap_stride,
+                    bp,
+                    0,
+                    out,
+                    p.k * spatial,
+                    spatial,
+                )
 
     @guarded
     def conv2d_backward_data(
@@ -791,7 +794,22 @@ class OpenCLBackend(TableBackend):
                     I32(spatial), I32(p.k), ap, I64(ap_stride), I32(0),
                 )  # fmt: skip
                 cols = _Operand(gcols, 0)
-                self._panels(F32, spatial, crs, p.k, 1.0, 0.0, images, ap, ap_stride, bp, 0, cols, crs * spatial, spatial)
+                self._panels(
+                    F32,
+                    spatial,
+                    crs,
+                    p.k,
+                    1.0,
+                    0.0,
+                    images,
+                    ap,
+                    ap_stride,
+                    bp,
+                    0,
+                    cols,
+                    crs * spatial,
+                    spatial,
+                )
                 self._launch(
                     fold, (p.h * p.w, p.c, images), None,
                     gcols, gx.buffer, I64(gx.offset), I64(n0), *self._conv_dims(p),
@@ -895,7 +913,6 @@ class OpenCLBackend(TableBackend):
             kernel = self._kernel("attention", "attention_fwd", HD=p.head_dim, BQ=bq, BKV=bkv)
             self._launch(
                 kernel, (_round_up(p.seq_q, bq), p.batch * p.heads), (bq, 1),
-                q.buffer, I64(q.offset), k.buffer, I64(k.offset), val.buffer, I64(val.offset),
                 *args,
             )  # fmt: skip
 
@@ -922,7 +939,8 @@ class OpenCLBackend(TableBackend):
                 kernel = self._kernel("reduce", "reduce_cols", LS=_REDUCE_LS)
                 self._launch(
                     kernel, (count,), (min(64, self._max_wg),),
-                    x.buffer, I64(x.offset), y.buffer, I64(y.offset), I64(p.outer), I64(p.length), I64(p.inner), code,
+                    x.buffer, I64(x.offset), y.buffer, I64(y.offset),
+                    I64(p.outer), I64(p.length), I64(p.inner), code,
                 )  # fmt: skip
 
     @guarded
@@ -943,7 +961,8 @@ class OpenCLBackend(TableBackend):
                 kernel = self._kernel("reduce", "softmax_cols", LS=_REDUCE_LS)
                 self._launch(
                     kernel, (p.outer * p.inner,), (min(64, self._max_wg),),
-                    x.buffer, I64(x.offset), y.buffer, I64(y.offset), I64(p.outer), I64(p.length), I64(p.inner),
+                    x.buffer, I64(x.offset), y.buffer, I64(y.offset),
+                    I64(p.outer), I64(p.length), I64(p.inner),
                 )  # fmt: skip
 
     # ------------------------------------------------------------------ element-wise
@@ -1022,4 +1041,3 @@ class OpenCLBackend(TableBackend):
                 kernel, (p.cols, count), self._rows_local(p.cols),
                 x.buffer, I64(x.offset), src, dst, y.buffer, I64(y.offset), I64(p.cols), I64(count),
             )  # fmt: skip
-

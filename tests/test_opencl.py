@@ -1,0 +1,335 @@
+"""OpenCL-specific tests: device listing, capabilities, interior pointers, program caching,
+both attention kernels, and the whole conformance kit on a real OpenCL device (PoCL in CI).
+
+The op-by-op comparisons run through ``tests/test_conformance.py`` (``opencl`` is in
+``BACKEND_FACTORIES``); this file checks what only an OpenCL backend has. References are
+independent NumPy definitions (einsum, explicit loops), never the backend under test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from computehal import (
+    DeviceError,
+    InvalidArgumentError,
+    MemoryKind,
+    NotInitializedError,
+    OutOfMemoryError,
+    TileShape,
+    UnsupportedError,
+)
+from conftest import unavailable
+
+try:
+    import pyopencl
+
+    from computehal.backends.opencl import OpenCLBackend, kernel_files, kernel_source, list_devices
+except ImportError as error:  # pragma: no cover - exercised only without pyopencl
+    IMPORT_ERROR: str | None = f"{type(error).__name__}: {error}"
+else:
+    IMPORT_ERROR = None
+
+
+def _require_device() -> None:
+    if IMPORT_ERROR is not None:
+        unavailable("opencl", IMPORT_ERROR)
+    if not list_devices():
+        unavailable("opencl", "no OpenCL platform with a device (install pocl-binary-distribution)")
+
+
+@pytest.fixture(scope="module")
+def be() -> Iterator[Any]:
+    """One initialised OpenCL backend for this module."""
+    _require_device()
+    backend = OpenCLBackend()
+    backend.init()
+    yield backend
+    backend.close()
+
+
+def put(backend: Any, array: np.ndarray[Any, Any], *, pad: int = 0) -> tuple[int, int]:
+    """Allocate ``pad`` bytes + the array, copy it in after the pad; return (base, data pointer)."""
+    base = backend.alloc(array.nbytes + pad)
+    backend.copy_htod(base + pad, np.ascontiguousarray(array))
+    return base, base + pad
+
+
+def get(backend: Any, ptr: int, shape: Any, dtype: Any = np.float32) -> np.ndarray[Any, Any]:
+    out = np.empty(shape, dtype=dtype)
+    backend.copy_dtoh(out, ptr)
+    return out
+
+
+# --------------------------------------------------------------------------- devices
+
+
+def test_every_platform_device_listed_with_real_properties() -> None:
+    _require_device()
+    expected = [d for p in pyopencl.get_platforms() for d in p.get_devices()]
+    infos = OpenCLBackend().available_devices()
+    assert len(infos) == len(expected)
+    for ordinal, (info, dev) in enumerate(zip(infos, expected, strict=True)):
+        assert info.ordinal == ordinal
+        assert dev.name.strip() in info.name
+        assert info.total_memory_bytes == dev.global_mem_size > 0
+        caps = info.capabilities
+        assert caps.max_threads_per_block == dev.max_work_group_size
+        assert caps.max_shared_mem_per_block == dev.local_mem_size
+        assert caps.supports_fp16 == ("cl_khr_fp16" in dev.extensions.split())
+        assert caps.warp_size >= 1
+        if dev.type & pyopencl.device_type.CPU:
+            assert info.memory_kind is MemoryKind.HOST
+
+
+def test_fp64_reported_from_the_extension() -> None:
+    _require_device()
+    for info, dev in zip(OpenCLBackend().available_devices(), list_devices(), strict=True):
+        has_fp64 = "cl_khr_fp64" in dev.extensions.split() or bool(dev.double_fp_config)
+        assert info.capabilities.supports_fp64 == has_fp64
+
+
+def test_capabilities_before_init_and_not_initialized_errors() -> None:
+    _require_device()
+    backend = OpenCLBackend()
+    assert backend.name() == "opencl"
+    assert not backend.is_initialized()
+    assert backend.capabilities().max_threads_per_block >= 1
+    with pytest.raises(NotInitializedError):
+        backend.alloc(64)
+    with pytest.raises(NotInitializedError):
+        backend.synchronize()
+
+
+def test_filters_and_bad_ordinal() -> None:
+    _require_device()
+    dev = list_devices()[0]
+    assert OpenCLBackend(device_filter=dev.name.strip()[:5]).available_devices()
+    assert OpenCLBackend(platform=dev.platform.name[:6]).available_devices()
+    assert OpenCLBackend(device_filter=lambda d: False).available_devices() == []
+    missing = OpenCLBackend(device=len(list_devices()) + 3)
+    with pytest.raises(DeviceError):
+        missing.init()
+    with pytest.raises(InvalidArgumentError):
+        OpenCLBackend(device=-1)
+
+
+def test_float64_unsupported_where_the_device_lacks_it(be: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    a = np.eye(4)
+    base, _ = put(be, a)
+    try:
+        monkeypatch.setattr(be, "_caps", be.capabilities().__class__(supports_fp64=False))
+        with pytest.raises(UnsupportedError, match="cl_khr_fp64"):
+            be.gemm("N", "N", 4, 4, 4, 1.0, base, 4, base, 4, 0.0, base, 4)
+    finally:
+        be.free(base)
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def test_interior_pointers_resolve_to_buffer_offsets(be: Any) -> None:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(300).astype(np.float32)
+    y = rng.standard_normal(300).astype(np.float32)
+    base = be.alloc(8192)
+    try:
+        be.copy_htod(base, np.zeros(8192, dtype=np.uint8))
+        be.copy_htod(base + 64, x)
+        be.copy_htod(base + 2048, y)
+        be.binary("mul", base + 64 + 8, base + 2048 + 4, base + 4096, 290)
+        np.testing.assert_array_equal(get(be, base + 4096, 290), x[2:292] * y[1:291])
+        # Bytes around the written range are untouched.
+        raw = get(be, base, 8192, np.uint8)
+        assert raw[64 : 64 + 1200].tobytes() == x.tobytes()
+        assert not raw[4096 - 64 : 4096].any() and not raw[4096 + 1160 :].any()
+    finally:
+        be.free(base)
+
+
+def test_copies_are_exact_bytes_and_allocations_are_aligned(be: Any) -> None:
+    data = bytes(range(256)) * 3 + b"\x7f"
+    ptrs = [be.alloc(len(data)) for _ in range(4)]
+    try:
+        for ptr in ptrs:
+            assert ptr % 64 == 0
+        be.copy_htod(ptrs[1] + 0, data)
+        out = bytearray(len(data))
+        be.copy_dtoh(out, ptrs[1])
+        assert bytes(out) == data
+        with pytest.raises(InvalidArgumentError):
+            be.copy_htod(ptrs[2] + 1, data)
+    finally:
+        for ptr in ptrs:
+            be.free(ptr)
+
+
+def test_allocation_failure_is_out_of_memory(be: Any) -> None:
+    with pytest.raises(OutOfMemoryError):
+        be.alloc(be._max_alloc + 1)
+
+
+def test_free_and_double_free(be: Any) -> None:
+    ptr = be.alloc(128)
+    be.free(ptr)
+    with pytest.raises(InvalidArgumentError):
+        be.free(ptr)
+    with pytest.raises(InvalidArgumentError):
+        be.unary("relu", ptr, ptr, 4)
+
+
+# --------------------------------------------------------------------------- programs
+
+
+def test_programs_built_once_per_family_and_configuration() -> None:
+    _require_device()
+    backend = OpenCLBackend()
+    backend.init()
+    with backend:
+        x = np.arange(16, dtype=np.float32)
+        base, _ = put(backend, x)
+        try:
+            assert backend.program_builds == 0  # nothing is compiled before it is needed
+            backend.unary("relu", base, base, 16)
+            backend.binary("add", base, base, base, 16)
+            backend.unary("exp", base, base, 16)
+            assert backend.program_builds == 1  # one elementwise program serves every op
+            backend.reduce("sum", base, base, [4, 4], 1)
+            backend.reduce("max", base, base, [16], 0)
+            assert backend.program_builds == 2
+            backend.synchronize()
+        finally:
+            backend.free(base)
+
+
+def test_kernel_sources_are_package_files_in_the_dialect() -> None:
+    if IMPORT_ERROR is not None:
+        unavailable("opencl", IMPORT_ERROR)
+    files = kernel_files()
+    for name in (
+        "dialect.h",
+        "gemm.cl",
+        "conv.cl",
+        "attention.cl",
+        "reduce.cl",
+        "elementwise.cl",
+        "gather.cl",
+    ):
+        assert name in files
+    source = kernel_source("gemm.cl")
+    assert "#include" not in source and "KERNEL void gemm_panels" in source
+    assert "__kernel" not in kernel_source("elementwise.cl").rsplit("COMPUTEHAL_DIALECT_H", 1)[1]
+
+
+def test_recommended_tile_is_the_kernel_tile(be: Any) -> None:
+    tile = be.recommended_tile_for(1024, 1024, 1024)
+    assert isinstance(tile, TileShape)
+    assert tile.tile_m == 16 and tile.tile_n % 4 == 0 and tile.tile_k == 1
+    small = be.recommended_tile_for(5, 3, 7)
+    assert (small.tile_m, small.tile_n) == (16, 4)
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+def _attention_reference(q: Any, k: Any, v: Any, scale: float, causal: bool) -> Any:
+    scores = np.einsum("bhid,bhjd->bhij", q.astype(np.float64), k.astype(np.float64)) * scale
+    sq, sk = q.shape[2], k.shape[2]
+    visible = np.ones((sq, sk), dtype=bool)
+    if causal:
+        visible = np.arange(sk)[None, :] <= np.arange(sq)[:, None] + (sk - sq)
+    out = np.zeros(q.shape, dtype=np.float64)
+    for i in range(sq):
+        cols = np.flatnonzero(visible[i])
+        if cols.size == 0:
+            continue
+        s = scores[:, :, i, cols]
+        w = np.exp(s - s.max(axis=-1, keepdims=True))
+        w /= w.sum(axis=-1, keepdims=True)
+        out[:, :, i] = np.einsum("bhj,bhjd->bhd", w, v[:, :, cols].astype(np.float64))
+    return out
+
+
+@pytest.mark.parametrize("vector", [True, False], ids=["vector-kernel", "workgroup-kernel"])
+@pytest.mark.parametrize(
+    ("sq", "sk", "dim", "causal"),
+    [(70, 33, 16, True), (33, 150, 24, True), (65, 65, 64, False), (5, 9, 3, False), (3, 40, 300, True)],
+)
+def test_attention_both_kernels(be: Any, vector: bool, sq: int, sk: int, dim: int, causal: bool) -> None:
+    rng = np.random.default_rng(sq * 7 + sk)
+    q = rng.standard_normal((2, 2, sq, dim)).astype(np.float32)
+    k = rng.standard_normal((2, 2, sk, dim)).astype(np.float32)
+    v = rng.standard_normal((2, 2, sk, dim)).astype(np.float32)
+    saved = be.vector_attention
+    ptrs = [put(be, a, pad=256)[0] for a in (q, k, v)]
+    out = be.alloc(q.nbytes + 256)
+    try:
+        be.vector_attention = vector
+        scale = 0.7 / np.sqrt(dim)
+        be.attention(ptrs[0] + 256, ptrs[1] + 256, ptrs[2] + 256, out + 256, 2, 2, sq, sk, dim, scale, causal)
+        got = get(be, out + 256, q.shape)
+        np.testing.assert_allclose(got, _attention_reference(q, k, v, scale, causal), atol=2e-5, rtol=1e-4)
+    finally:
+        be.vector_attention = saved
+        for ptr in [*ptrs, out]:
+            be.free(ptr)
+
+
+def test_gemm_beyond_one_register_tile_with_transposes_and_offsets(be: Any) -> None:
+    rng = np.random.default_rng(5)
+    m, n, k = 45, 70, 33
+    a = rng.standard_normal((m + 3, k)).astype(np.float32)  # stored rows x cols, column-major below
+    b = rng.standard_normal((n, k + 2)).astype(np.float32)
+    c = rng.standard_normal((m + 1, n)).astype(np.float32)
+    a_base, a_ptr = put(be, np.asfortranarray(a).T.copy(), pad=128)
+    b_base, b_ptr = put(be, np.asfortranarray(b).T.copy(), pad=64)
+    c_base, c_ptr = put(be, np.asfortranarray(c).T.copy(), pad=192)
+    try:
+        be.gemm("N", "T", m, n, k, 0.5, a_ptr, m + 3, b_ptr, n, 2.0, c_ptr, m + 1, dtype="float32")
+        got = get(be, c_ptr, (n, m + 1)).T
+        want = c.astype(np.float64).copy()
+        want[:m] = 0.5 * np.einsum("ip,jp->ij", a[:m, :k], b[:, :k]) + 2.0 * c[:m]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        np.testing.assert_array_equal(got[m], c[m])  # rows between m and ldc untouched
+    finally:
+        for ptr in (a_base, b_base, c_base):
+            be.free(ptr)
+
+
+def test_batched_gemm_is_one_launch(be: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    launches: list[str] = []
+    original = be._launch
+
+    def counting(kernel: Any, *args: Any) -> None:
+        launches.append(kernel.function_name)
+        original(kernel, *args)
+
+    monkeypatch.setattr(be, "_launch", counting)
+    rng = np.random.default_rng(9)
+    batches, m, n, k = 5, 9, 7, 6
+    a = rng.standard_normal((batches, k, m)).astype(np.float32)  # batch i: column-major m x k
+    b = rng.standard_normal((batches, n, k)).astype(np.float32)
+    a_base, _ = put(be, a)
+    b_base, _ = put(be, b)
+    c_base = be.alloc(batches * m * n * 4)
+    try:
+        be.batched_gemm(
+            "N", "N", m, n, k, 1.0, a_base, m, m * k, b_base, k, k * n, 0.0, c_base, m, m * n, batches
+        )
+        assert launches.count("gemm_panels") == 1
+        got = get(be, c_base, (batches, n, m))
+        np.testing.assert_allclose(got, np.einsum("bpi,bjp->bji", a, b), rtol=1e-5, atol=1e-5)
+    finally:
+        for ptr in (a_base, b_base, c_base):
+            be.free(ptr)
+
+
+def test_conformance_kit_passes(be: Any) -> None:
+    from computehal.testing import run_conformance
+
+    report = run_conformance(be)
+    assert report.passed, report.summary()
