@@ -34,6 +34,7 @@ def lazy(module: str, cls: str, **kwargs: Any) -> Callable[[], ComputeBackend]:
 BACKEND_FACTORIES: dict[str, Callable[[], ComputeBackend]] = {
     "cpu": lazy("computehal.backends.cpu", "CpuBackend"),
     "opencl": lazy("computehal.backends.opencl", "OpenCLBackend"),
+    "wgpu": lazy("computehal.backends.wgpu", "WgpuBackend"),
 }
 
 #: Errors that mean "this backend cannot run on this machine" (skip, unless required).

@@ -96,9 +96,7 @@ def _wgpu() -> Any:
     try:
         import wgpu
     except ImportError as exc:
-        raise UnsupportedError(
-            f"the wgpu backend needs wgpu-py (pip install 'computehal[wgpu]'): {exc}"
-        ) from None
+        raise DeviceError(f"the wgpu backend needs wgpu-py (pip install 'computehal[wgpu]'): {exc}") from None
     return wgpu
 
 
