@@ -375,3 +375,37 @@ def test_selection_summary_lists_skips(monkeypatch: pytest.MonkeyPatch) -> None:
     text = selection.summary()
     assert text.splitlines()[0].startswith("selected cpu:0")
     assert "skipped cuda: failed to start" in text
+
+
+class FakeWgpu(FakeGpuBackend):
+    kind_name = "vulkan"
+    constructed: list[int] = []
+
+
+def test_multi_kind_backend_and_the_generic_wgpu_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    module = types.ModuleType(FAKE_MODULE)
+    module.FakeWgpu = FakeWgpu  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, FAKE_MODULE, module)
+    kinds = (BackendKind.METAL, BackendKind.VULKAN, BackendKind.WEBGPU)
+    monkeypatch.setattr(
+        probe_mod,
+        "KNOWN_BACKENDS",
+        (
+            BackendSpec(kinds, ("computehal_test_no_such_module", FAKE_MODULE), "FakeWgpu"),
+            BackendSpec((BackendKind.CPU,), ("computehal.backends.cpu",), "CpuBackend"),
+        ),
+    )
+    report = probe(refresh=True)
+    assert report.entry("vulkan").available
+    for kind in ("metal", "webgpu"):
+        entry = report.entry(kind)
+        assert not entry.available and entry.reason == "FakeWgpu runs as vulkan on this machine"
+        assert entry.runs_as is BackendKind.VULKAN
+    # "wgpu" / "webgpu" name the wgpu backend whatever adapter kind it runs as here ...
+    assert isinstance(create_backend("wgpu", strict=True), FakeWgpu)
+    selection = last_selection()
+    assert selection is not None and selection.kind is BackendKind.VULKAN and not selection.fell_back
+    assert isinstance(probe_mod.start_backend("webgpu:1"), FakeWgpu) and FakeWgpu.constructed[-1] == 1
+    # ... but "metal" means Metal.
+    with pytest.raises(UnsupportedError, match="runs as vulkan"):
+        create_backend("metal", strict=True)

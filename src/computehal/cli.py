@@ -261,14 +261,15 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         targets = [(kind, kind.value) for kind in report.available_kinds()]
     status = 0
     for kind, name in targets:
-        entry = report.entry(kind)
         try:
             backend = start_backend(name, report=report)
         except BackendError as exc:
             out.write(f"\n== {name}: cannot run: {exc}\n")
             status = 1
             continue
-        out.write(f"\n== {name} ({entry.target})\n")
+        kind = BackendKind.from_name(backend.name()) or kind  # "wgpu" may run as vulkan
+        entry = report.entry(kind)
+        out.write(f"\n== {name}{'' if name == kind.value else f' ({kind.value})'}: {entry.target}\n")
         for device in entry.devices[:1]:
             out.write(f"   {_device_line(device)}\n")
         out.flush()
@@ -428,10 +429,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(args_list)
     _configure_logging(args.verbose)
-    if args.command == "devices":
-        return _devices(args, out)
-    if args.command == "check":
-        return _check(args, out, err)
+    try:
+        if args.command == "devices":
+            return _devices(args, out)
+        if args.command == "check":
+            return _check(args, out, err)
+    except BrokenPipeError:
+        # The reader went away (``computehal devices | head``): stop quietly.
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - replaces the closed pipe for the exit flush
+        except OSError:
+            pass
+        return 1
     parser.print_help(out)
     return 2
 

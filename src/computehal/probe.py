@@ -23,7 +23,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .backend import ComputeBackend
 from .errors import BackendError, InvalidArgumentError, UnsupportedError
@@ -130,6 +130,9 @@ class ProbeEntry:
         The backend's capabilities (None when it could not be asked).
     seconds : float
         How long probing this backend took.
+    runs_as : BackendKind or None
+        For a kind whose implementation serves several kinds and runs here as another
+        one (``webgpu`` when wgpu's adapter is Vulkan), that other kind.
     """
 
     kind: BackendKind
@@ -139,6 +142,7 @@ class ProbeEntry:
     devices: tuple[DeviceInfo, ...] = ()
     capabilities: Capabilities | None = None
     seconds: float = 0.0
+    runs_as: BackendKind | None = None
 
     @property
     def priority(self) -> int:
@@ -261,7 +265,7 @@ def _probe_spec(spec: BackendSpec) -> list[ProbeEntry]:
     for candidate in spec.kinds:
         if candidate is not kind:
             reason = f"{spec.class_name} runs as {kind.value} on this machine"
-            entries.append(ProbeEntry(candidate, False, reason, target, seconds=seconds))
+            entries.append(ProbeEntry(candidate, False, reason, target, seconds=seconds, runs_as=kind))
         elif not devices:
             entries.append(ProbeEntry(kind, False, "no device", target, (), capabilities, seconds))
         else:
@@ -565,6 +569,11 @@ def _select(
 ) -> tuple[ComputeBackend, Selection]:
     plan = _plan(request_or_name)
     found = report if report is not None else probe()
+    if plan.request.pin is not None:
+        pinned = _resolve_generic(plan.request.pin, found)
+        if pinned is not plan.request.pin:
+            plan.request = replace(plan.request, pin=pinned)
+            plan.requested += f" (wgpu runs as {pinned.value})"
     request = plan.request
 
     qualifying: list[ProbeEntry] = []
@@ -625,6 +634,21 @@ def _select(
     raise UnsupportedError(f"no backend could be started for {plan.requested}: {detail}")
 
 
+def _resolve_generic(kind: BackendKind, report: ProbeReport) -> BackendKind:
+    """``webgpu`` (alias ``wgpu``) names the wgpu backend whatever adapter it runs on.
+
+    When the WebGPU entry is unavailable only because wgpu runs as Vulkan or Metal here,
+    the request means that kind. Every other kind is taken literally.
+    """
+    if kind is not BackendKind.WEBGPU:
+        return kind
+    entry = report.entry(kind)
+    if not entry.available and entry.runs_as is not None and report.entry(entry.runs_as).available:
+        logger.info("webgpu: wgpu runs as %s on this machine; using it", entry.runs_as.value)
+        return entry.runs_as
+    return kind
+
+
 def start_backend(kind_or_name: BackendKind | str, *, report: ProbeReport | None = None) -> ComputeBackend:
     """Construct and initialise exactly the named backend: no fallback, no environment override.
 
@@ -652,7 +676,9 @@ def start_backend(kind_or_name: BackendKind | str, *, report: ProbeReport | None
         kind, ordinal = kind_or_name, 0
     else:
         kind, ordinal = parse_backend_name(kind_or_name)
-    entry = (report if report is not None else probe()).entry(kind)
+    found = report if report is not None else probe()
+    kind = _resolve_generic(kind, found)
+    entry = found.entry(kind)
     if not entry.available:
         raise UnsupportedError(f"{kind.value} is unavailable: {entry.reason}")
     if ordinal >= len(entry.devices):
