@@ -257,7 +257,7 @@ def round_to_bf16(x: object) -> object:
 
 
 def _round_through(x: object, narrow: type[Any]) -> object:
-    scalar = isinstance(x, (int, float))
+    scalar = isinstance(x, (int, float, np.integer, np.floating))
     try:
         wide = np.asarray(x, dtype=np.float32)
     except (TypeError, ValueError) as exc:
