@@ -87,6 +87,9 @@ _ATTN_BQ = 32
 _VEC_ATTN_BQ = 4
 _VEC_ATTN_MAX_DIM = 256
 
+#: Elements per work-item of the element-wise kernels (EW in kernels/elementwise.cl).
+_EW = 16
+
 _REDUCE_CODES = {ReduceOp.SUM: 0, ReduceOp.MAX: 1, ReduceOp.MIN: 2, ReduceOp.MEAN: 3}
 _ROUND_MODES = {MixedPrecision.F16: 1, MixedPrecision.BF16: 2}
 
@@ -968,7 +971,7 @@ class OpenCLBackend(TableBackend):
     # ------------------------------------------------------------------ element-wise
 
     def _elementwise_local(self, n: int) -> int:
-        return min(1024, self._max_wg) if n >= (1 << 16) else min(64, self._max_wg)
+        return min(1024 if n >= (1 << 18) else 16, self._max_wg)
 
     @guarded
     def unary(self, op: Any, input_ptr: int, output_ptr: int, n: int) -> None:
@@ -981,7 +984,7 @@ class OpenCLBackend(TableBackend):
             y = self._at(p.out)
             kernel = self._kernel("elementwise", f"unary_{p.op.value}")
             self._launch(
-                kernel, (p.n,), (self._elementwise_local(p.n),),
+                kernel, (_ceil_div(p.n, _EW),), (self._elementwise_local(p.n),),
                 x.buffer, I64(x.offset), y.buffer, I64(y.offset), I64(p.n),
             )  # fmt: skip
 
@@ -997,7 +1000,7 @@ class OpenCLBackend(TableBackend):
             y = self._at(p.out)
             kernel = self._kernel("elementwise", f"binary_{p.op.value}")
             self._launch(
-                kernel, (p.n,), (self._elementwise_local(p.n),),
+                kernel, (_ceil_div(p.n, _EW),), (self._elementwise_local(p.n),),
                 a.buffer, I64(a.offset), b.buffer, I64(b.offset), y.buffer, I64(y.offset), I64(p.n),
             )  # fmt: skip
 
