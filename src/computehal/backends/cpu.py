@@ -9,6 +9,7 @@ release the GIL) so they use every core.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 from collections.abc import Callable, Iterator
@@ -63,7 +64,9 @@ _OPS = frozenset(
 _pool: ThreadPoolExecutor | None = None
 
 
+@functools.cache
 def _workers() -> int:
+    """Threads to split work over: the CPUs this process may run on (read once)."""
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
@@ -107,14 +110,21 @@ def _memory_bytes() -> tuple[int, int]:
         return 0, 0
 
 
-_UNARY: dict[UnaryOp, Callable[[FloatArray, FloatArray], object]] = {
-    UnaryOp.RELU: lambda x, out: np.fmax(x, np.float32(0), out=out),
-    UnaryOp.TANH: lambda x, out: np.tanh(x, out=out),
-    UnaryOp.EXP: lambda x, out: np.exp(x, out=out),
-    UnaryOp.LOG: lambda x, out: np.log(x, out=out),
-    UnaryOp.SQRT: lambda x, out: np.sqrt(x, out=out),
-    UnaryOp.ABS: lambda x, out: np.abs(x, out=out),
-    UnaryOp.NEG: lambda x, out: np.negative(x, out=out),
+_ZERO = np.float32(0)
+
+
+def _relu(x: FloatArray, out: FloatArray) -> object:
+    return np.fmax(x, _ZERO, out=out)
+
+
+_UNARY: dict[UnaryOp, Callable[..., object]] = {
+    UnaryOp.RELU: _relu,
+    UnaryOp.TANH: np.tanh,
+    UnaryOp.EXP: np.exp,
+    UnaryOp.LOG: np.log,
+    UnaryOp.SQRT: np.sqrt,
+    UnaryOp.ABS: np.abs,
+    UnaryOp.NEG: np.negative,
 }
 
 
@@ -687,46 +697,58 @@ class CpuBackend(TableBackend):
         if p.output.overlaps(p.input) and not same:
             x = x.copy()
 
+        # Cache-sized blocks: every pass of _softmax_slices over a block hits L2, so
+        # memory sees one read and one write per element.
+        blocks, per_block = _axis_blocks(p.outer, p.length, p.inner)
+
         def run(start: int, stop: int) -> None:
-            _softmax_slices(x[start:stop], out[start:stop])
+            for o0, o1, i0, i1 in blocks[start:stop]:
+                _softmax_slices(x[o0:o1, :, i0:i1], out[o0:o1, :, i0:i1])
 
-        def run_inner(start: int, stop: int) -> None:
-            _softmax_slices(x[:, :, start:stop], out[:, :, start:stop])
-
-        if p.outer > 1:
-            _parallel_ranges(p.outer, run, grain=max(1, PARALLEL_THRESHOLD // max(1, p.length * p.inner)))
-        else:
-            _parallel_ranges(p.inner, run_inner, grain=max(1, PARALLEL_THRESHOLD // max(1, p.length)))
+        _parallel_ranges(len(blocks), run, grain=max(1, PARALLEL_THRESHOLD // per_block))
 
     # ------------------------------------------------------------------ element-wise
 
-    def _elementwise(self, p: v.ElementwiseProblem, apply: Callable[..., object]) -> None:
-        if p.n == 0:
+    def _elementwise(self, p: v.ElementwiseProblem, apply: Callable[..., object], block: int = 0) -> None:
+        """Run ``apply(*inputs, out=out)`` over the problem, split across threads when large.
+
+        ``block`` > 0 also cuts each thread's range into blocks of that many elements, so
+        that multi-pass operations (sigmoid) run every pass on cache-resident data.
+        """
+        n = p.n
+        if n == 0:
             return
-        operands = [self._array(p.a, (p.n,))]
+        a = np.ndarray((n,), dtype=F32, buffer=p.a.payload, offset=p.a.offset)
+        out = np.ndarray((n,), dtype=F32, buffer=p.out.payload, offset=p.out.offset)
+        operands = [a]
         if p.b is not None:
-            operands.append(self._array(p.b, (p.n,)))
-        out = self._array(p.out, (p.n,))
-        inputs = [p.a] if p.b is None else [p.a, p.b]
-        partial_overlap = any(p.out.overlaps(r) and r.offset != p.out.offset for r in inputs)
-        with np.errstate(all="ignore"):
-            if partial_overlap:
-                # NumPy resolves the overlap with a temporary; splitting would race.
+            operands.append(np.ndarray((n,), dtype=F32, buffer=p.b.payload, offset=p.b.offset))
+        if n < PARALLEL_THRESHOLD:
+            # One NumPy call: it resolves any overlap between operands itself.
+            with np.errstate(all="ignore"):
                 apply(*operands, out=out)
-                return
+            return
+        inputs = [p.a] if p.b is None else [p.a, p.b]
+        if any(p.out.overlaps(r) and r.offset != p.out.offset for r in inputs):
+            # NumPy resolves the partial overlap with a temporary; splitting would race.
+            with np.errstate(all="ignore"):
+                apply(*operands, out=out)
+            return
+        step = block if block > 0 else n
 
-            def run(start: int, stop: int) -> None:
-                with np.errstate(all="ignore"):
-                    apply(*(x[start:stop] for x in operands), out=out[start:stop])
+        def run(start: int, stop: int) -> None:
+            with np.errstate(all="ignore"):
+                for lo in range(start, stop, step):
+                    hi = min(stop, lo + step)
+                    apply(*(x[lo:hi] for x in operands), out=out[lo:hi])
 
-            _parallel_ranges(p.n, run)
+        _parallel_ranges(n, run)
 
     @guarded
     def unary(self, op: Any, input_ptr: int, output_ptr: int, n: int) -> None:
         p = v.unary_problem(self._memory(), op, input_ptr, output_ptr, n)
         assert isinstance(p.op, UnaryOp)
-        fn = _UNARY[p.op]
-        self._elementwise(p, lambda x, out: fn(x, out))
+        self._elementwise(p, _UNARY[p.op], block=AXIS_BLOCK if p.op is UnaryOp.SIGMOID else 0)
 
     @guarded
     def binary(self, op: Any, a_ptr: int, b_ptr: int, output_ptr: int, n: int) -> None:
@@ -747,7 +769,9 @@ class CpuBackend(TableBackend):
             table = table.copy()
 
         def run(start: int, stop: int) -> None:
-            np.take(table, p.indices[start:stop], axis=0, out=out[start:stop])
+            # The indices were validated; mode="clip" lets take() write straight into
+            # `out` (mode="raise" buffers the whole result and copies it again).
+            np.take(table, p.indices[start:stop], axis=0, out=out[start:stop], mode="clip")
 
         _parallel_ranges(p.indices.size, run, grain=max(1, PARALLEL_THRESHOLD // p.cols))
 
@@ -761,13 +785,25 @@ class CpuBackend(TableBackend):
         if p.output.overlaps(p.input):
             src = src.copy()
         destinations, sources = v.last_occurrences(p.indices)
+        grain = max(1, PARALLEL_THRESHOLD // p.cols)
+        if destinations.size == p.indices.size:
+            # Distinct rows: every source row lands once, in any order.
+            def run_distinct(start: int, stop: int) -> None:
+                out[p.indices[start:stop]] = src[start:stop]
+
+            _parallel_ranges(p.indices.size, run_distinct, grain=grain)
+            return
+        chunk = max(1, min(256, (1 << 16) // p.cols))
 
         def run(start: int, stop: int) -> None:
-            for lo in range(start, stop, 256):
-                hi = min(stop, lo + 256)
-                out[destinations[lo:hi]] = src[sources[lo:hi]]
+            buffer = np.empty((min(chunk, stop - start), p.cols), dtype=F32)
+            for lo in range(start, stop, chunk):
+                hi = min(stop, lo + chunk)
+                rows = buffer[: hi - lo]
+                np.take(src, sources[lo:hi], axis=0, out=rows, mode="clip")
+                out[destinations[lo:hi]] = rows
 
-        _parallel_ranges(destinations.size, run, grain=max(1, PARALLEL_THRESHOLD // p.cols))
+        _parallel_ranges(destinations.size, run, grain=grain)
 
 
 # --------------------------------------------------------------------------- stride-1 convolution
@@ -905,6 +941,28 @@ def _conv_s1_filter_grad(
         return False
     np.sum(partial, axis=0, out=out)
     return True
+
+
+#: Elements per block of a blocked axis operation (256 KiB of float32: half of L2).
+AXIS_BLOCK = 1 << 16
+
+
+def _axis_blocks(outer: int, length: int, inner: int) -> tuple[list[tuple[int, int, int, int]], int]:
+    """Split an [outer, length, inner] axis problem into cache-sized blocks.
+
+    Returns ``(blocks, elements_per_block)`` with blocks ``(o0, o1, i0, i1)``; each block
+    keeps whole slices along the axis. Kept-axis panels are at least 64 wide so the
+    strided passes still run long inner loops.
+    """
+    length = max(1, length)
+    width = inner if inner * length <= AXIS_BLOCK else min(inner, max(64, AXIS_BLOCK // length))
+    rows = max(1, AXIS_BLOCK // (length * width))
+    blocks = [
+        (o0, min(outer, o0 + rows), i0, min(inner, i0 + width))
+        for o0 in range(0, outer, rows)
+        for i0 in range(0, inner, width)
+    ]
+    return blocks, min(outer, rows) * length * width
 
 
 def _softmax_slices(x: FloatArray, out: FloatArray) -> None:
