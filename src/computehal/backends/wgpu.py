@@ -59,7 +59,7 @@ _OPS = frozenset(
 #: Bytes reserved per dispatch in the uniform ring (>= any minUniformBufferOffsetAlignment).
 _SLOT = 256
 #: Dispatches recorded per submission at most (uniform ring slots).
-_SLOTS = 64
+_SLOTS = 256
 #: maxComputeWorkgroupsPerDimension of WebGPU; larger 1-D grids spill into grid.y.
 _MAX_GROUPS = 65535
 #: Bind groups kept in the cache before it is cleared.
@@ -152,6 +152,7 @@ class _Binding:
     offset: int
     size: int
     elem: int  # element offset of the operand inside the binding
+    cached: bool = True  # False for per-call temporaries: their bind groups are not kept
 
 
 @dataclass(frozen=True)
@@ -200,6 +201,9 @@ class WgpuBackend(TableBackend):
         self._uniform: Any = None
         self._dummy: Any = None
         self._scratch: Any = None
+        self._pending: Any = None
+        self._pending_params = bytearray()
+        self._pending_slots = 0
         self._storage_align = 256
         self._max_binding = 128 << 20
         self._max_buffer = 256 << 20
@@ -309,14 +313,17 @@ class WgpuBackend(TableBackend):
         self._dummy = self._device.create_buffer(size=16, usage=usage.STORAGE, label="computehal-dummy")
 
     def close(self) -> None:
-        """Free every live allocation and drop cached bind groups."""
+        """Finish pending work, free every live allocation and drop cached bind groups."""
         with self._lock:
+            if self._initialized:
+                self._flush()
             super().close()
             self._bind_groups.clear()
 
     def synchronize(self) -> None:
         self._memory()
         with self._lock:
+            self._flush()
             # Mapping a buffer waits for every earlier submission on the queue.
             self._queue.read_buffer(self._sync_buffer(), 0, 4)
 
@@ -351,6 +358,7 @@ class WgpuBackend(TableBackend):
 
     def _release(self, allocation: Allocation) -> None:
         with self._lock:
+            self._flush()  # recorded work may still use the buffer
             buffer = allocation.payload
             allocation.payload = None
             stale = [key for key in self._bind_groups if any(b is buffer for b in key[1::3])]
@@ -366,6 +374,8 @@ class WgpuBackend(TableBackend):
         start, stop = region.offset, region.offset + region.nbytes
         lo, hi = start & ~3, -(-stop // 4) * 4
         with self._lock:
+            # queue.write_buffer lands before the next submission: recorded work goes first.
+            self._flush()
             if lo == start and hi == stop:
                 self._queue.write_buffer(buffer, start, data)
                 return
@@ -384,6 +394,7 @@ class WgpuBackend(TableBackend):
         start, stop = region.offset, region.offset + region.nbytes
         lo, hi = start & ~3, -(-stop // 4) * 4
         with self._lock:
+            self._flush()
             words = self._queue.read_buffer(buffer, lo, hi - lo)
         out[:] = memoryview(words).cast("B")[start - lo : stop - lo]
 
@@ -433,6 +444,7 @@ class WgpuBackend(TableBackend):
             key += (b.buffer, b.offset, b.size)
         group = self._bind_groups.get(key)
         if group is None:
+            cache = all(b.cached for b in bindings)
             bgl, _ = self._layout(storage)
             entries = [{"binding": 0, "resource": {"buffer": self._uniform, "offset": 0, "size": _SLOT}}]
             entries += [
@@ -440,9 +452,10 @@ class WgpuBackend(TableBackend):
                 for i, b in enumerate(bindings)
             ]
             group = self._device.create_bind_group(layout=bgl, entries=entries)
-            if len(self._bind_groups) >= _BIND_GROUP_CACHE:
-                self._bind_groups.clear()
-            self._bind_groups[key] = group
+            if cache:
+                if len(self._bind_groups) >= _BIND_GROUP_CACHE:
+                    self._bind_groups.clear()
+                self._bind_groups[key] = group
         return group
 
     # ------------------------------------------------------------------ bindings
@@ -467,8 +480,8 @@ class WgpuBackend(TableBackend):
             )
         return _Binding(buffer, start, size, (region.offset - start) // 4)
 
-    def _binding_of(self, buffer: Any, nbytes: int) -> _Binding:
-        return _Binding(buffer, 0, max(16, -(-nbytes // 4) * 4), 0)
+    def _binding_of(self, buffer: Any, nbytes: int, cached: bool = False) -> _Binding:
+        return _Binding(buffer, 0, max(16, -(-nbytes // 4) * 4), 0, cached)
 
     def _temporary(self, nbytes: int, label: str) -> Any:
         wgpu = _wgpu()
@@ -495,28 +508,50 @@ class WgpuBackend(TableBackend):
         temp = self._temporary(out.nbytes, "computehal-out")
         return self._binding_of(temp, out.nbytes), [_Copy(temp, 0, out.payload, out.offset, out.nbytes)]
 
-    def _run(self, steps: list[_Step], copies: list[_Copy] | None = None) -> None:
-        """Record ``steps`` (then ``copies``) and submit them, ``_SLOTS`` dispatches at a time."""
+    def _encoder(self) -> Any:
+        """The command encoder collecting work not yet submitted (created on demand)."""
+        if self._pending is None:
+            self._pending = self._device.create_command_encoder()
+        return self._pending
+
+    def _flush(self) -> None:
+        """Submit recorded work: write the uniform slots it uses, then submit its commands."""
         with self._lock:
-            for first in range(0, max(1, len(steps)), _SLOTS):
+            if self._pending is None:
+                return
+            encoder, block = self._pending, self._pending_params
+            self._pending, self._pending_params, self._pending_slots = None, bytearray(), 0
+            if block:
+                self._queue.write_buffer(self._uniform, 0, block)
+            self._queue.submit([encoder.finish()])
+
+    def _record_copy(self, copy: _Copy) -> None:
+        self._encoder().copy_buffer_to_buffer(copy.src, copy.src_offset, copy.dst, copy.dst_offset, copy.size)
+
+    def _run(self, steps: list[_Step], copies: list[_Copy] | None = None) -> None:
+        """Record ``steps`` (then ``copies``) for submission.
+
+        Work is submitted in batches (each dispatch owns one slot of the uniform ring
+        until then), so a sequence of small operations costs one queue submission; the
+        batch is submitted when the ring is full and before anything the host can
+        observe (copies, ``synchronize``, ``free``).
+        """
+        with self._lock:
+            for first in range(0, len(steps), _SLOTS):
                 chunk = steps[first : first + _SLOTS]
-                last = first + _SLOTS >= len(steps)
-                block = bytearray(_SLOT * max(1, len(chunk)))
-                for i, step in enumerate(chunk):
-                    block[i * _SLOT : i * _SLOT + len(step.params)] = step.params
-                encoder = self._device.create_command_encoder()
-                if chunk:
-                    self._queue.write_buffer(self._uniform, 0, block)
-                    compute = encoder.begin_compute_pass()
-                    for i, step in enumerate(chunk):
-                        compute.set_pipeline(self._pipeline(step.kernel))
-                        compute.set_bind_group(0, self._bind_group(step.kernel, step.bindings), [i * _SLOT])
-                        compute.dispatch_workgroups(*step.grid)
-                    compute.end()
-                if last:
-                    for c in copies or []:
-                        encoder.copy_buffer_to_buffer(c.src, c.src_offset, c.dst, c.dst_offset, c.size)
-                self._queue.submit([encoder.finish()])
+                if self._pending_slots + len(chunk) > _SLOTS:
+                    self._flush()
+                compute = self._encoder().begin_compute_pass()
+                for step in chunk:
+                    offset = self._pending_slots * _SLOT
+                    self._pending_params += step.params.ljust(_SLOT, b"\0")
+                    self._pending_slots += 1
+                    compute.set_pipeline(self._pipeline(step.kernel))
+                    compute.set_bind_group(0, self._bind_group(step.kernel, step.bindings), [offset])
+                    compute.dispatch_workgroups(*step.grid)
+                compute.end()
+            for c in copies or []:
+                self._record_copy(c)
 
     # ------------------------------------------------------------------ GEMM
 
@@ -536,8 +571,8 @@ class WgpuBackend(TableBackend):
                 "(use dtype='float32' or another backend)"
             )
         skipped = g.product_skipped
-        ba = self._bind("a_ptr", a) if not skipped else self._binding_of(self._dummy, 16)
-        bb = self._bind("b_ptr", b) if not skipped else self._binding_of(self._dummy, 16)
+        ba = self._bind("a_ptr", a) if not skipped else self._binding_of(self._dummy, 16, cached=True)
+        bb = self._bind("b_ptr", b) if not skipped else self._binding_of(self._dummy, 16, cached=True)
         bc, copies = self._output("c_ptr", c, *(() if skipped else (a, b)))
         if copies:
             # The temporary starts as a copy of C: C may be read (beta != 0), and the rows
@@ -569,9 +604,7 @@ class WgpuBackend(TableBackend):
 
     def _pre_copy(self, copy: _Copy) -> None:
         with self._lock:
-            encoder = self._device.create_command_encoder()
-            encoder.copy_buffer_to_buffer(copy.src, copy.src_offset, copy.dst, copy.dst_offset, copy.size)
-            self._queue.submit([encoder.finish()])
+            self._record_copy(copy)
 
     @guarded
     def gemm(
