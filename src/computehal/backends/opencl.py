@@ -84,7 +84,7 @@ _REDUCE_LS = 64
 #: Query rows per attention work-group (work-group kernel, GPUs).
 _ATTN_BQ = 32
 #: Query rows per work-item of the vector attention kernel (CPU devices), and its largest head_dim.
-_VEC_ATTN_BQ = 4
+_VEC_ATTN_BQ = 16
 _VEC_ATTN_MAX_DIM = 256
 
 #: Elements per work-item of the element-wise kernels (EW in kernels/elementwise.cl).

@@ -97,9 +97,13 @@ KERNEL void attention_fwd(GLOBAL const float* RESTRICT q, i64 qo, GLOBAL const f
  * Per key tile of BKV rows it stages K transposed and V in private memory, computes the BQ x BKV
  * scores as a register-blocked product, updates the online softmax row by row, and accumulates
  * P·V as a second register-blocked product. Grid: (ceil(seq_q / BQ), batch * heads).
- * Build parameters: HD, BQ, BKV (a multiple of 2 * VW), VW. */
+ * Build parameters: HD, BQ (a multiple of RB, the rows of one register block), BKV (a multiple
+ * of 2 * VW), VW. */
 #ifndef VW
 #define VW 8
+#endif
+#ifndef RB
+#define RB 4
 #endif
 #define HDP (((HD) + 2 * VW - 1) / (2 * VW) * (2 * VW))
 #define HDV (HDP / VW)
@@ -150,28 +154,30 @@ KERNEL void attention_fwd_vec(GLOBAL const float* RESTRICT q, i64 qo, GLOBAL con
                 for (int d = 0; d < HD; ++d) ktf[d * BKV + jj] = 0.0f;
             }
         }
-        /* scores: sv[r][jv] = sum_d qs[r][d] * kt[d][jv] */
-        for (int jv = 0; jv < KVV; jv += 2) {
-            VEC_T c0[BQ], c1[BQ];
+        /* scores: sv[r][jv] = sum_d qs[r][d] * kt[d][jv], in blocks of RB rows x 2 vectors */
+        for (int r0 = 0; r0 < BQ; r0 += RB) {
+            for (int jv = 0; jv < KVV; jv += 2) {
+                VEC_T c0[RB], c1[RB];
 #pragma unroll
-            for (int r = 0; r < BQ; ++r) {
-                c0[r] = VZERO;
-                c1[r] = VZERO;
-            }
-            for (int d = 0; d < HD; ++d) {
-                VEC_T k0 = kt[d][jv];
-                VEC_T k1 = kt[d][jv + 1];
-#pragma unroll
-                for (int r = 0; r < BQ; ++r) {
-                    float qv = qs[r][d];
-                    c0[r] += k0 * qv;
-                    c1[r] += k1 * qv;
+                for (int r = 0; r < RB; ++r) {
+                    c0[r] = VZERO;
+                    c1[r] = VZERO;
                 }
-            }
+                for (int d = 0; d < HD; ++d) {
+                    VEC_T k0 = kt[d][jv];
+                    VEC_T k1 = kt[d][jv + 1];
 #pragma unroll
-            for (int r = 0; r < BQ; ++r) {
-                sv[r][jv] = c0[r];
-                sv[r][jv + 1] = c1[r];
+                    for (int r = 0; r < RB; ++r) {
+                        float qv = qs[r0 + r][d];
+                        c0[r] += k0 * qv;
+                        c1[r] += k1 * qv;
+                    }
+                }
+#pragma unroll
+                for (int r = 0; r < RB; ++r) {
+                    sv[r0 + r][jv] = c0[r];
+                    sv[r0 + r][jv + 1] = c1[r];
+                }
             }
         }
         /* online softmax, row by row */
@@ -202,28 +208,31 @@ KERNEL void attention_fwd_vec(GLOBAL const float* RESTRICT q, i64 qo, GLOBAL con
             run_sum[r] = total;
             run_max[r] = new_max;
         }
-        /* acc[r][dv] += sum_j p[r][j] * vt[j][dv] */
-        for (int dv = 0; dv < HDV; dv += 2) {
-            VEC_T c0[BQ], c1[BQ];
+        /* acc[r][dv] += sum_j p[r][j] * vt[j][dv], in blocks of RB rows x 2 vectors */
+        for (int r0 = 0; r0 < BQ; r0 += RB) {
+            if (r0 >= rows) break;
+            for (int dv = 0; dv < HDV; dv += 2) {
+                VEC_T c0[RB], c1[RB];
 #pragma unroll
-            for (int r = 0; r < BQ; ++r) {
-                c0[r] = acc[r][dv];
-                c1[r] = acc[r][dv + 1];
-            }
-            for (int jj = 0; jj < tile; ++jj) {
-                VEC_T v0 = vt[jj][dv];
-                VEC_T v1 = vt[jj][dv + 1];
-#pragma unroll
-                for (int r = 0; r < BQ; ++r) {
-                    float pj = ((float*)sv[r])[jj];
-                    c0[r] += v0 * pj;
-                    c1[r] += v1 * pj;
+                for (int r = 0; r < RB; ++r) {
+                    c0[r] = acc[r0 + r][dv];
+                    c1[r] = acc[r0 + r][dv + 1];
                 }
-            }
+                for (int jj = 0; jj < tile; ++jj) {
+                    VEC_T v0 = vt[jj][dv];
+                    VEC_T v1 = vt[jj][dv + 1];
 #pragma unroll
-            for (int r = 0; r < BQ; ++r) {
-                acc[r][dv] = c0[r];
-                acc[r][dv + 1] = c1[r];
+                    for (int r = 0; r < RB; ++r) {
+                        float pj = ((float*)sv[r0 + r])[jj];
+                        c0[r] += v0 * pj;
+                        c1[r] += v1 * pj;
+                    }
+                }
+#pragma unroll
+                for (int r = 0; r < RB; ++r) {
+                    acc[r0 + r][dv] = c0[r];
+                    acc[r0 + r][dv + 1] = c1[r];
+                }
             }
         }
     }
