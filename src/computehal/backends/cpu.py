@@ -42,6 +42,8 @@ FloatArray = npt.NDArray[np.floating[Any]]
 
 #: Element-wise problems below this many elements run on the calling thread.
 PARALLEL_THRESHOLD = 1 << 16
+#: Batched GEMM hands each thread at least this many multiply-adds.
+BATCH_GRAIN_FLOPS = 1 << 21
 
 _OPS = frozenset(
     {
@@ -316,13 +318,22 @@ class CpuBackend(TableBackend):
             return
         g = p.gemm
         size = g.dtype.itemsize
-        for i in range(p.batch_count):
-            self._run_gemm(
-                g,
-                p.a.ptr + i * p.stride_a * size,
-                p.b.ptr + i * p.stride_b * size,
-                p.c.ptr + i * p.stride_c * size,
-            )
+        a0, b0, c0 = p.a.ptr, p.b.ptr, p.c.ptr
+
+        def run(start: int, stop: int) -> None:
+            for i in range(start, stop):
+                self._run_gemm(
+                    g, a0 + i * p.stride_a * size, b0 + i * p.stride_b * size, c0 + i * p.stride_c * size
+                )
+
+        # Batches go to the worker threads, each with single-threaded BLAS, unless a C
+        # matrix may alias an operand of another batch (then batch order matters).
+        grain = max(1, BATCH_GRAIN_FLOPS // max(1, g.m * g.n * max(1, g.k)))
+        if _workers() > 1 and p.batch_count >= 2 * grain and not (p.c.overlaps(p.a) or p.c.overlaps(p.b)):
+            with _single_threaded_blas():
+                _parallel_ranges(p.batch_count, run, grain=grain)
+        else:
+            run(0, p.batch_count)
 
     @guarded
     def gemm_mixed_precision(
