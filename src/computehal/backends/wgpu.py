@@ -818,15 +818,21 @@ class WgpuBackend(TableBackend):
         p = v.attention_problem(
             self._memory(), q_ptr, k_ptr, v_ptr, o_ptr, batch, heads, seq_q, seq_kv, head_dim, scale, causal
         )
-        rows = p.batch * p.heads * p.seq_q
+        heads = p.batch * p.heads
         bq, bk, bv = self._bind("q_ptr", p.q), self._bind("k_ptr", p.k), self._bind("v_ptr", p.v)
         bo, copies = self._output("o_ptr", p.o, p.q, p.k, p.v)
         offset = max(-(2**31), min(2**31 - 1, p.causal_offset))
         params = _pack(
-            rows, p.seq_q, p.seq_kv, p.head_dim, p.causal, offset,
+            heads, p.seq_q, p.seq_kv, p.head_dim, p.causal, offset,
             bq.elem, bk.elem, bv.elem, bo.elem, float(np.float32(p.scale)),
         )  # fmt: skip
-        self._run([_Step("attention", params, (bq, bk, bv, bo), _grid_1d(rows, 64))], copies)
+        gy = min(heads, _MAX_GROUPS)
+        grid = (-(-p.seq_q // 64), gy, -(-heads // gy))
+        if grid[0] > _MAX_GROUPS or grid[2] > _MAX_GROUPS:
+            raise UnsupportedError(
+                f"attention over {heads} heads x {p.seq_q} queries exceeds the dispatch grid limits"
+            )
+        self._run([_Step("attention", params, (bq, bk, bv, bo), grid)], copies)
 
     # ------------------------------------------------------------------ reductions
 

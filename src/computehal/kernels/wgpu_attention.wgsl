@@ -9,7 +9,7 @@
 // a zero row.
 
 struct Params {
-    rows: u32,
+    rows: u32, // batch * heads
     seq_q: u32,
     seq_kv: u32,
     d: u32,
@@ -31,26 +31,36 @@ struct Params {
 const WG: u32 = 64u;
 const DC: u32 = 128u;
 
+// Grid: x = blocks of 64 queries, (y, z) = head (batch * heads). Everything a key costs
+// to load (K and V rows) is the same for every invocation of a workgroup, and the key
+// loop bound is the workgroup's largest, so those loads are uniform; invocations whose
+// row may not see key j (causal) or that lie past seq_q give it zero weight.
 @compute @workgroup_size(64)
 fn attention(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lidx: u32,
 ) {
-    let row = linear_id(wid, nwg, lidx, WG);
-    if (row >= P.rows) {
+    let head = wid.z * nwg.y + wid.y;
+    if (head >= P.rows) {
         return;
     }
-    let head = row / P.seq_q;
-    let i = row % P.seq_q;
+    let first = wid.x * WG;
+    let last = min(first + WG, P.seq_q) - 1u;
+    let i_raw = first + lidx;
+    let valid = i_raw < P.seq_q;
+    let i = min(i_raw, P.seq_q - 1u);
+    let row = head * P.seq_q + i;
     let q_base = P.q_off + row * P.d;
     let o_base = P.o_off + row * P.d;
     let k_head = P.k_off + head * P.seq_kv * P.d;
     let v_head = P.v_off + head * P.seq_kv * P.d;
 
     var kv_end = P.seq_kv;
+    var kv_end_block = P.seq_kv;
     if (P.causal != 0u) {
         kv_end = u32(clamp(i32(i) + P.causal_offset + 1, 0, i32(P.seq_kv)));
+        kv_end_block = u32(clamp(i32(last) + P.causal_offset + 1, 0, i32(P.seq_kv)));
     }
 
     var acc: array<f32, 128>;
@@ -59,46 +69,38 @@ fn attention(
         for (var d = 0u; d < dn; d++) {
             acc[d] = 0.0;
         }
-        var running_max = 0.0;
+        // Running maximum starts at the most negative finite float so that no
+        // inf - inf ever occurs; weights of keys a row may not see are forced to 0.
+        var running_max = -3.4028234663852886e38;
         var running_sum = 0.0;
-        for (var j = 0u; j < kv_end; j++) {
+        for (var j = 0u; j < kv_end_block; j++) {
             let k_row = k_head + j * P.d;
             var score = 0.0;
             for (var d = 0u; d < P.d; d++) {
                 score = fma(Q[q_base + d], K[k_row + d], score);
             }
             score *= P.scale;
+            let visible = j < kv_end;
+            let new_max = select(running_max, max(running_max, score), visible);
+            let correction = exp(running_max - new_max);
+            let weight = select(0.0, exp(score - new_max), visible);
+            running_sum = fma(running_sum, correction, weight);
             let v_row = v_head + j * P.d + d0;
-            if (j == 0u) {
-                running_max = score;
-                running_sum = 1.0;
-                for (var d = 0u; d < dn; d++) {
-                    acc[d] = V[v_row + d];
-                }
-            } else if (score > running_max) {
-                // New maximum: rescale what was accumulated so far.
-                let correction = exp(running_max - score);
-                running_sum = fma(running_sum, correction, 1.0);
-                for (var d = 0u; d < dn; d++) {
-                    acc[d] = fma(acc[d], correction, V[v_row + d]);
-                }
-                running_max = score;
-            } else {
-                let weight = exp(score - running_max);
-                running_sum += weight;
-                for (var d = 0u; d < dn; d++) {
-                    acc[d] = fma(weight, V[v_row + d], acc[d]);
-                }
+            for (var d = 0u; d < dn; d++) {
+                acc[d] = fma(acc[d], correction, weight * V[v_row + d]);
             }
+            running_max = new_max;
         }
-        if (kv_end == 0u) {
-            for (var d = 0u; d < dn; d++) {
-                O[o_base + d0 + d] = 0.0;
-            }
-        } else {
-            let inv = 1.0 / running_sum;
-            for (var d = 0u; d < dn; d++) {
-                O[o_base + d0 + d] = acc[d] * inv;
+        if (valid) {
+            if (kv_end == 0u) {
+                for (var d = 0u; d < dn; d++) {
+                    O[o_base + d0 + d] = 0.0;
+                }
+            } else {
+                let inv = 1.0 / running_sum;
+                for (var d = 0u; d < dn; d++) {
+                    O[o_base + d0 + d] = acc[d] * inv;
+                }
             }
         }
     }
