@@ -333,3 +333,75 @@ def test_conformance_kit_passes(be: Any) -> None:
 
     report = run_conformance(be)
     assert report.passed, report.summary()
+
+
+@pytest.mark.parametrize(("ta", "tb"), [("N", "N"), ("N", "T"), ("T", "N"), ("T", "T")])
+def test_gemm_in_chunks_when_panels_exceed_scratch(
+    be: Any, monkeypatch: pytest.MonkeyPatch, ta: str, tb: str
+) -> None:
+    import computehal.backends.opencl as module
+
+    monkeypatch.setattr(module, "_GEMM_SCRATCH", 4000)  # forces chunks of batches, rows and columns
+    rng = np.random.default_rng(11)
+    m, n, k, batches = 50, 45, 60, 3
+    lda, ldb, ldc = (k if ta == "T" else m) + 1, (n if tb == "T" else k) + 2, m + 3
+    a_cols, b_cols = (m if ta == "T" else k), (k if tb == "T" else n)
+    sa, sb, sc = lda * a_cols + 5, ldb * b_cols + 7, ldc * n + 1
+    a = rng.standard_normal(sa * batches).astype(np.float32)
+    b = rng.standard_normal(sb * batches).astype(np.float32)
+    c = rng.standard_normal(sc * batches).astype(np.float32)
+    pa, pb, pc = (put(be, x)[0] for x in (a, b, c))
+    try:
+        be.batched_gemm(ta, tb, m, n, k, 0.7, pa, lda, sa, pb, ldb, sb, 0.3, pc, ldc, sc, batches)
+        got = get(be, pc, c.shape)
+        want = c.astype(np.float64)
+        for i in range(batches):
+            am = a[i * sa : i * sa + lda * a_cols].reshape(a_cols, lda).T
+            bm = b[i * sb : i * sb + ldb * b_cols].reshape(b_cols, ldb).T
+            op_a = am[:k, :m].T if ta == "T" else am[:m, :k]
+            op_b = bm[:n, :k].T if tb == "T" else bm[:k, :n]
+            cm = want[i * sc : i * sc + ldc * n].reshape(n, ldc).T
+            cm[:m] = 0.7 * np.einsum("ip,pj->ij", op_a, op_b) + 0.3 * cm[:m]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    finally:
+        for ptr in (pa, pb, pc):
+            be.free(ptr)
+
+
+def test_convolutions_in_chunks_of_images(be: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import computehal.backends.opencl as module
+
+    monkeypatch.setattr(module, "_CONV_SCRATCH", 1)  # one image per chunk
+    rng = np.random.default_rng(4)
+    n, c, h, w, k, fh, fw = 3, 2, 6, 5, 3, 3, 2
+    stride, pad = (2, 1), (1, 1)
+    oh, ow = (h + 2 * pad[0] - fh) // stride[0] + 1, (w + 2 * pad[1] - fw) // stride[1] + 1
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    f = rng.standard_normal((k, c, fh, fw)).astype(np.float32)
+    gy = rng.standard_normal((n, k, oh, ow)).astype(np.float32)
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad[0], pad[0]), (pad[1], pad[1])))
+    want_y = np.zeros((n, k, oh, ow))
+    want_gf = np.zeros(f.shape)
+    want_gx = np.zeros(xp.shape)
+    for i in range(oh):
+        for j in range(ow):
+            window = xp[:, :, i * stride[0] : i * stride[0] + fh, j * stride[1] : j * stride[1] + fw]
+            want_y[:, :, i, j] = np.einsum("ncrs,kcrs->nk", window, f)
+            want_gf += np.einsum("ncrs,nk->kcrs", window, gy[:, :, i, j])
+            want_gx[:, :, i * stride[0] : i * stride[0] + fh, j * stride[1] : j * stride[1] + fw] += (
+                np.einsum("nk,kcrs->ncrs", gy[:, :, i, j], f)
+            )
+    want_gx = want_gx[:, :, pad[0] : pad[0] + h, pad[1] : pad[1] + w]
+    px, pf, pgy = (put(be, a)[0] for a in (x, f, gy))
+    py, pgx, pgf = be.alloc(gy.nbytes), be.alloc(x.nbytes), be.alloc(f.nbytes)
+    shapes = ([n, c, h, w], [k, c, fh, fw], [n, k, oh, ow])
+    try:
+        be.conv2d_forward(px, shapes[0], pf, shapes[1], py, shapes[2], list(stride), list(pad))
+        be.conv2d_backward_data(pgy, shapes[2], pf, shapes[1], pgx, shapes[0], list(stride), list(pad))
+        be.conv2d_backward_filter(px, shapes[0], pgy, shapes[2], pgf, shapes[1], list(stride), list(pad))
+        np.testing.assert_allclose(get(be, py, gy.shape), want_y, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(get(be, pgx, x.shape), want_gx, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(get(be, pgf, f.shape), want_gf, rtol=1e-4, atol=1e-4)
+    finally:
+        for ptr in (px, pf, pgy, py, pgx, pgf):
+            be.free(ptr)

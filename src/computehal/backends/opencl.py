@@ -77,6 +77,8 @@ _OPS = frozenset(
 _GEMM_TILE = {F32: (8, 4), F64: (4, 4)}
 #: Largest walk of NR-blocks one GEMM work-item makes along n.
 _MAX_NB = 32
+#: Upper bound for the packed A and B panels of one GEMM chunk, in bytes.
+_GEMM_SCRATCH = 256 << 20
 #: Upper bound for the packed-operand scratch of one convolution chunk, in bytes.
 _CONV_SCRATCH = 64 << 20
 #: Work-group size of the row reductions (must match a power of two).
@@ -551,24 +553,42 @@ class OpenCLBackend(TableBackend):
             return
         vw, nr = _GEMM_TILE[dtype]
         mr = 2 * vw
-        a_panels, b_panels = _ceil_div(p.m, mr), _ceil_div(p.n, nr)
-        ap_stride, bp_stride = a_panels * mr * p.k, b_panels * nr * p.k
-        ap = self._scratch_buffer("ap", ap_stride * batches * size)
-        bp = self._scratch_buffer("bp", bp_stride * batches * size)
-        a, b = self._at(p.a, size), self._at(p.b, size)
-        self._launch(
-            kernels["pack_a"], (p.k, a_panels, batches), None,
-            a.buffer, I64(a.offset), I64(strides[0]), I32(p.lda), I32(int(p.trans_a)), I32(p.m), I32(p.k),
-            ap, I64(ap_stride), I32(mode),
-        )  # fmt: skip
-        self._launch(
-            kernels["pack_b"], (p.k, b_panels, batches), None,
-            b.buffer, I64(b.offset), I64(strides[1]), I32(p.ldb), I32(int(p.trans_b)), I32(p.k), I32(p.n),
-            bp, I64(bp_stride), I32(mode),
-        )  # fmt: skip
-        self._panels(
-            dtype, p.m, p.n, p.k, p.alpha, p.beta, batches, ap, ap_stride, bp, bp_stride, c, strides[2], p.ldc
-        )
+        # Packed panels live in scratch; problems whose panels exceed _GEMM_SCRATCH are done in
+        # chunks of batches, then of rows (m) and columns (n) of C.
+        limit = max(1, _GEMM_SCRATCH // size)
+        per_batch = (_round_up(p.m, mr) + _round_up(p.n, nr)) * p.k
+        batch_step = max(1, min(batches, limit // max(1, per_batch)))
+        rows_step = _round_up(p.m, mr) if per_batch <= limit else max(mr, (limit // 2 // p.k) // mr * mr)
+        cols_step = _round_up(p.n, nr) if per_batch <= limit else max(nr, (limit // 2 // p.k) // nr * nr)
+        chunked = batch_step < batches or rows_step < p.m or cols_step < p.n
+        a = self._input(p.a, [p.c] if chunked else [], size)
+        b = self._input(p.b, [p.c] if chunked else [], size)
+        sa, sb, sc = strides
+        for b0 in range(0, batches, batch_step):
+            nb = min(batch_step, batches - b0)
+            for i0 in range(0, p.m, rows_step):
+                for j0 in range(0, p.n, cols_step):
+                    m, n = min(rows_step, p.m - i0), min(cols_step, p.n - j0)
+                    a_off = a.offset + b0 * sa + (i0 * p.lda if p.trans_a else i0)
+                    b_off = b.offset + b0 * sb + (j0 if p.trans_b else j0 * p.ldb)
+                    c_blk = _Operand(c.buffer, c.offset + b0 * sc + i0 + j0 * p.ldc)
+                    a_panels, b_panels = _ceil_div(m, mr), _ceil_div(n, nr)
+                    ap_stride, bp_stride = a_panels * mr * p.k, b_panels * nr * p.k
+                    ap = self._scratch_buffer("ap", ap_stride * nb * size)
+                    bp = self._scratch_buffer("bp", bp_stride * nb * size)
+                    self._launch(
+                        kernels["pack_a"], (p.k, a_panels, nb), None,
+                        a.buffer, I64(a_off), I64(sa), I32(p.lda), I32(int(p.trans_a)), I32(m), I32(p.k),
+                        ap, I64(ap_stride), I32(mode),
+                    )  # fmt: skip
+                    self._launch(
+                        kernels["pack_b"], (p.k, b_panels, nb), None,
+                        b.buffer, I64(b_off), I64(sb), I32(p.ldb), I32(int(p.trans_b)), I32(p.k), I32(n),
+                        bp, I64(bp_stride), I32(mode),
+                    )  # fmt: skip
+                    self._panels(
+                        dtype, m, n, p.k, p.alpha, p.beta, nb, ap, ap_stride, bp, bp_stride, c_blk, sc, p.ldc
+                    )
 
     def _check_dtype(self, dtype: np.dtype[Any]) -> None:
         if dtype == F64 and not self.capabilities().supports_fp64:
