@@ -47,6 +47,8 @@ __all__ = [
     "KernelSource",
     "kernel_sources",
     "compile_ptx",
+    "nvrtc_compile",
+    "NVRTC_OPTIONS",
     "unavailable_reason",
 ]
 
@@ -318,55 +320,84 @@ def kernel_sources(head_dims: Sequence[int] = (64, 128)) -> list[KernelSource]:
 # --------------------------------------------------------------------------- compilation
 
 
-#: NVRTC options for every unit (CuPy adds the device's -arch itself).
-_NVRTC_OPTIONS: tuple[str, ...] = ("--std=c++17",)
+#: NVRTC options for every unit, at run time and in the compile checks alike. IEEE
+#: semantics are spelled out: no flush-to-zero of denormals (CuPy's RawModule would add
+#: ``-ftz=true``, which is why the backend drives NVRTC itself), exact division and sqrt.
+NVRTC_OPTIONS: tuple[str, ...] = ("--std=c++17", "-ftz=false", "-prec-div=true", "-prec-sqrt=true")
 
 _MODULES: dict[tuple[int, str], Any] = {}
 _MODULES_LOCK = threading.Lock()
 
 
-def compile_ptx(source: KernelSource, arch: str = "compute_80") -> str:
-    """Compile ``source`` to PTX for ``arch`` with NVRTC, without needing a device.
+def _nvrtc() -> Any:
+    _import_cupy()
+    try:
+        from cupy.cuda import nvrtc
+    except Exception as exc:  # noqa: BLE001
+        raise DeviceError(f"NVRTC is not loadable ({type(exc).__name__}: {exc})") from exc
+    return nvrtc
 
-    This is the exact text and option set :class:`CudaBackend` compiles (plus an
-    explicit ``-arch``), so a kernel that fails here fails on the GPU too.
+
+def nvrtc_compile(source: KernelSource, arch: str) -> bytes:
+    """Compile ``source`` with NVRTC for ``arch``; no device is needed.
 
     Parameters
     ----------
     source : KernelSource
         One unit from :func:`kernel_sources`.
     arch : str
-        A virtual architecture such as ``"compute_80"`` or ``"compute_90"``.
+        ``"sm_XY"`` for a cubin (what :class:`CudaBackend` loads when NVRTC knows the
+        device's architecture) or ``"compute_XY"`` for PTX.
 
     Returns
     -------
-    str
-        The PTX text.
+    bytes
+        The cubin or PTX.
 
     Raises
     ------
     DeviceError
         If NVRTC is missing or the source does not compile (with NVRTC's log).
     """
-    _import_cupy()
-    try:
-        from cupy.cuda import nvrtc
-    except Exception as exc:  # noqa: BLE001
-        raise DeviceError(f"NVRTC is not loadable ({type(exc).__name__}: {exc})") from exc
+    nvrtc = _nvrtc()
     try:
         program = nvrtc.createProgram(source.code, f"{source.module}.cu", [], [])
     except Exception as exc:  # noqa: BLE001 - a missing libnvrtc surfaces here
         raise DeviceError(f"NVRTC is not usable ({type(exc).__name__}: {exc})") from exc
     try:
         try:
-            nvrtc.compileProgram(program, [f"-arch={arch}", *_NVRTC_OPTIONS])
+            nvrtc.compileProgram(program, [f"-arch={arch}", *NVRTC_OPTIONS])
         except nvrtc.NVRTCError as exc:
             log = nvrtc.getProgramLog(program)
             raise DeviceError(f"kernel module {source.module!r} does not compile for {arch}:\n{log}") from exc
-        ptx = nvrtc.getPTX(program)
+        binary = nvrtc.getCUBIN(program) if arch.startswith("sm_") else nvrtc.getPTX(program)
     finally:
         nvrtc.destroyProgram(program)
-    return ptx.decode("utf-8", "replace") if isinstance(ptx, bytes) else str(ptx)
+    return bytes(binary)
+
+
+def compile_ptx(source: KernelSource, arch: str = "compute_80") -> str:
+    """The PTX NVRTC makes of ``source`` for virtual architecture ``arch`` (no device needed).
+
+    Raises
+    ------
+    DeviceError
+        If NVRTC is missing or the source does not compile (with NVRTC's log).
+    """
+    return nvrtc_compile(source, arch).rstrip(b"\0").decode("utf-8", "replace")
+
+
+def _target_arch(compute_capability: tuple[int, int]) -> str:
+    """``sm_XY`` (cubin) when NVRTC supports the device's architecture, else the newest PTX below it."""
+    cc = compute_capability[0] * 10 + compute_capability[1]
+    try:
+        supported = {int(a) for a in _nvrtc().getSupportedArchs()}
+    except Exception:  # noqa: BLE001 - old NVRTC without the query
+        supported = set()
+    if cc in supported:
+        return f"sm_{cc}"
+    lower = [a for a in supported if a <= cc]
+    return f"compute_{max(lower) if lower else cc}"
 
 
 # --------------------------------------------------------------------------- capabilities
@@ -629,7 +660,12 @@ class CudaBackend(TableBackend):
             module = _MODULES.get(key)
             if module is None:
                 with self._on_device():
-                    module = self._cupy.RawModule(code=source.code, options=_NVRTC_OPTIONS, backend="nvrtc")
+                    if _is_hip():
+                        module = self._cupy.RawModule(code=source.code, options=("--std=c++17",))
+                    else:
+                        binary = nvrtc_compile(source, _target_arch(self._device_record().compute_capability))
+                        module = self._cupy.cuda.function.Module()
+                        module.load(binary)
                     for name in source.functions:
                         module.get_function(name)  # compile and load now, not mid-operation
                 _MODULES[key] = module
