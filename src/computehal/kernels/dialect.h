@@ -73,6 +73,9 @@ __device__ __forceinline__ unsigned int chal_dim3(const dim3 v, int d) { return 
 #define RESTRICT __restrict__
 #define F32_BITS(x) __float_as_uint(x)
 #define BITS_F32(u) __uint_as_float(u)
+#ifndef INFINITY /* NVRTC compiles without math.h */
+#define INFINITY __int_as_float(0x7f800000)
+#endif
 template <typename T, int W>
 struct chal_vec {
     T v[W];
