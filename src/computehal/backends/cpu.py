@@ -708,15 +708,29 @@ class CpuBackend(TableBackend):
         if p.output.overlaps(p.input) and not same:
             x = x.copy()
 
-        # Cache-sized blocks: every pass of _softmax_slices over a block hits L2, so
-        # memory sees one read and one write per element.
-        blocks, per_block = _axis_blocks(p.outer, p.length, p.inner)
+        if p.inner == 1 or p.length * p.inner <= AXIS_BLOCK:
+            # Cache-sized blocks of whole slices: every pass of _softmax_slices over a
+            # block hits L2, so memory sees one read and one write per element.
+            blocks, per_block = _axis_blocks(p.outer, p.length, p.inner)
 
-        def run(start: int, stop: int) -> None:
-            for o0, o1, i0, i1 in blocks[start:stop]:
-                _softmax_slices(x[o0:o1, :, i0:i1], out[o0:o1, :, i0:i1])
+            def run(start: int, stop: int) -> None:
+                for o0, o1, i0, i1 in blocks[start:stop]:
+                    _softmax_slices(x[o0:o1, :, i0:i1], out[o0:o1, :, i0:i1])
 
-        _parallel_ranges(len(blocks), run, grain=max(1, PARALLEL_THRESHOLD // per_block))
+            _parallel_ranges(len(blocks), run, grain=max(1, PARALLEL_THRESHOLD // per_block))
+            return
+        # The axis is strided (inner > 1): stream contiguous rows instead, in panels of
+        # columns, one panel per thread (see _softmax_columns).
+        width = max(256, -(-p.inner // _workers()))
+        panels = [
+            (o, i0, min(p.inner, i0 + width)) for o in range(p.outer) for i0 in range(0, p.inner, width)
+        ]
+
+        def run_panels(start: int, stop: int) -> None:
+            for o, i0, i1 in panels[start:stop]:
+                _softmax_columns(x[o, :, i0:i1], out[o, :, i0:i1])
+
+        _parallel_ranges(len(panels), run_panels, grain=max(1, PARALLEL_THRESHOLD // (p.length * width)))
 
     # ------------------------------------------------------------------ element-wise
 
@@ -974,6 +988,27 @@ def _axis_blocks(outer: int, length: int, inner: int) -> tuple[list[tuple[int, i
         for i0 in range(0, inner, width)
     ]
     return blocks, min(outer, rows) * length * width
+
+
+def _softmax_columns(x: FloatArray, out: FloatArray) -> None:
+    """Softmax down the columns (axis 0) of a [length, width] row-major panel; ``out`` may be ``x``.
+
+    Three passes of contiguous rows: the column maxima, then ``exp(x - max)`` written to
+    ``out`` block by block (each block summed while it is in cache), then the division.
+    """
+    length, width = x.shape
+    peak = np.fmax.reduce(x, axis=0, initial=-np.inf)
+    total = np.zeros(width, dtype=F32)
+    rows = max(1, AXIS_BLOCK // width)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for r0 in range(0, length, rows):
+            block = out[r0 : r0 + rows]
+            np.subtract(x[r0 : r0 + rows], peak, out=block)
+            np.exp(block, out=block)
+            total += np.add.reduce(block, axis=0)
+        for r0 in range(0, length, rows):
+            block = out[r0 : r0 + rows]
+            np.divide(block, total, out=block)
 
 
 def _softmax_slices(x: FloatArray, out: FloatArray) -> None:
