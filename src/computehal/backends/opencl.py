@@ -332,6 +332,9 @@ class OpenCLBackend(TableBackend):
         self._max_alloc = int(dev.max_mem_alloc_size)
         self._total = int(dev.global_mem_size)
         self._max_wg = int(dev.max_work_group_size)
+        self._local_mem = int(dev.local_mem_size)
+        #: Work-group size of the row reductions: a power of two the device accepts.
+        self._reduce_ls = 1 << (min(_REDUCE_LS, self._max_wg).bit_length() - 1)
         #: CPU devices run attention with the single-work-item vector kernel; GPUs with the
         #: work-group kernel (both are exercised by the tests on PoCL).
         self.vector_attention = bool(dev.type & cl.device_type.CPU)
@@ -931,7 +934,13 @@ class OpenCLBackend(TableBackend):
                 )
                 self._launch(kernel, (_ceil_div(p.seq_q, _VEC_ATTN_BQ), p.batch * p.heads), (1, 1), *args)
                 return
-            bkv = max(1, min(64, 6144 // p.head_dim))
+            # K and V tiles of bkv rows must fit the device's local memory.
+            bkv = min(64, self._local_mem // (8 * p.head_dim) - 1)
+            if bkv < 1:
+                raise UnsupportedError(
+                    f"attention with head_dim {p.head_dim}: the device's {self._local_mem} bytes of local "
+                    "memory cannot hold one key and value row"
+                )
             bq = min(_ATTN_BQ, self._max_wg)
             kernel = self._kernel("attention", "attention_fwd", HD=p.head_dim, BQ=bq, BKV=bkv)
             self._launch(
@@ -953,13 +962,13 @@ class OpenCLBackend(TableBackend):
             y = self._at(p.output)
             code = I32(_REDUCE_CODES[p.op])
             if p.inner == 1:
-                kernel = self._kernel("reduce", "reduce_rows", LS=_REDUCE_LS)
+                kernel = self._kernel("reduce", "reduce_rows", LS=self._reduce_ls)
                 self._launch(
-                    kernel, (p.outer * _REDUCE_LS,), (_REDUCE_LS,),
+                    kernel, (p.outer * self._reduce_ls,), (self._reduce_ls,),
                     x.buffer, I64(x.offset), y.buffer, I64(y.offset), I64(p.length), code,
                 )  # fmt: skip
             else:
-                kernel = self._kernel("reduce", "reduce_cols", LS=_REDUCE_LS)
+                kernel = self._kernel("reduce", "reduce_cols", LS=self._reduce_ls)
                 self._launch(
                     kernel, (count,), (min(64, self._max_wg),),
                     x.buffer, I64(x.offset), y.buffer, I64(y.offset),
@@ -975,13 +984,13 @@ class OpenCLBackend(TableBackend):
             x = self._input(p.input, [p.output], same_ok=True)
             y = self._at(p.output)
             if p.inner == 1:
-                kernel = self._kernel("reduce", "softmax_rows", LS=_REDUCE_LS)
+                kernel = self._kernel("reduce", "softmax_rows", LS=self._reduce_ls)
                 self._launch(
-                    kernel, (p.outer * _REDUCE_LS,), (_REDUCE_LS,),
+                    kernel, (p.outer * self._reduce_ls,), (self._reduce_ls,),
                     x.buffer, I64(x.offset), y.buffer, I64(y.offset), I64(p.length),
                 )  # fmt: skip
             else:
-                kernel = self._kernel("reduce", "softmax_cols", LS=_REDUCE_LS)
+                kernel = self._kernel("reduce", "softmax_cols", LS=self._reduce_ls)
                 self._launch(
                     kernel, (p.outer * p.inner,), (min(64, self._max_wg),),
                     x.buffer, I64(x.offset), y.buffer, I64(y.offset),
