@@ -437,7 +437,7 @@ class CpuBackend(TableBackend):
         x = self._array(p.x, (p.n, p.c, p.h, p.w))
         f = self._array(p.f, (p.k, p.c * p.fh * p.fw))
         if p.sh == p.sw == 1 and not (p.fh == p.fw == 1 and p.ph == p.pw == 0):
-            taps = np.ascontiguousarray(f.reshape(p.k, p.c, p.fh, p.fw).transpose(2, 3, 0, 1))
+            taps = np.ascontiguousarray(f.reshape(p.k, p.c, p.fh, p.fw).transpose(2, 3, 1, 0))
             out = self._array(p.y, (p.n, p.k, p.oh, p.ow))
             target = np.empty_like(out) if self.overlaps(p.y, p.x) else out
             _conv_s1(x, taps, p.ph, p.pw, target)
@@ -487,7 +487,7 @@ class CpuBackend(TableBackend):
             # Stride 1: the data gradient is the forward convolution of the output gradient,
             # padded by (F - 1 - pad), with the filter flipped and its K and C swapped.
             taps = np.ascontiguousarray(
-                f.reshape(p.k, p.c, p.fh, p.fw)[:, :, ::-1, ::-1].transpose(2, 3, 1, 0)
+                f.reshape(p.k, p.c, p.fh, p.fw)[:, :, ::-1, ::-1].transpose(2, 3, 0, 1)
             )
             grad = gy.reshape(p.n, p.k, p.oh, p.ow)
             target = np.empty_like(gx) if self.overlaps(p.x, p.y) else gx
@@ -833,12 +833,14 @@ class CpuBackend(TableBackend):
 
 # --------------------------------------------------------------------------- stride-1 convolution
 #
-# A stride-1 convolution over a zero-padded image stored flat as [C, Hp * Wp] is, for
-# each filter tap (r, s), one GEMM whose B operand is the padded image shifted by
-# r * Wp + s elements: output row oh, column ow of the "padded-width" output
-# [K, Oh * Wp] reads input (oh + r, ow + s). The columns ow >= Ow of each output row
-# wrap into the next padded row and are discarded. So no im2col buffer is built: the
-# only copy is the padding, and the taps accumulate in BLAS (beta = 1).
+# A stride-1 convolution over a zero-padded image is, for each filter tap (r, s), one
+# GEMM on the padded image shifted by r * Wp + s pixels: output row oh, column ow of
+# the "padded-width" output (Oh * Wp positions) reads input (oh + r, ow + s). The
+# columns ow >= Ow of each output row wrap into the next padded row and are discarded.
+# So no im2col buffer is built: the only copies are the padding and the output, and
+# the taps accumulate in BLAS (beta = 1). The padded image is stored channels-last
+# ([Hp * Wp, C]) so that the filter is BLAS's small A operand (K x C) and the image
+# its B operand (C x positions, leading dimension C), the faster shape for OpenBLAS.
 
 
 def _pad_flat(image: FloatArray, ph: int, pw: int, fw: int, buffer: FloatArray) -> FloatArray:
@@ -857,54 +859,38 @@ def _pad_flat(image: FloatArray, ph: int, pw: int, fw: int, buffer: FloatArray) 
     return buffer
 
 
-def _conv_s1_image(
-    padded: FloatArray,
-    taps: FloatArray,
-    cin: int,
-    hp: int,
-    wp: int,
-    oh: int,
-    ow: int,
-    wide: FloatArray,
-    out: FloatArray,
-) -> None:
-    """One image of a stride-1 convolution: ``out`` [Kout, Oh, Ow] from a padded flat input.
-
-    ``taps`` is [Fh, Fw, Kout, Cin] (row-major), ``wide`` a [Kout, Oh * Wp] scratch.
-    """
-    fh, fw, kout = taps.shape[0], taps.shape[1], taps.shape[2]
-    span = oh * wp
-    base = padded.ctypes.data
-    first = True
-    for r in range(fh):
-        for s in range(fw):
-            # wide^T [span x Kout] (+)= shifted^T [span x Cin] @ tap^T [Cin x Kout], column-major.
-            gemm_at(
-                F32, False, False, span, kout, cin, 1.0,
-                base + 4 * (r * wp + s), hp * wp, taps[r, s].ctypes.data, cin,
-                0.0 if first else 1.0, wide.ctypes.data, span,
-            )  # fmt: skip
-            first = False
-    out[...] = wide.reshape(kout, oh, wp)[:, :, :ow]
-
-
 def _conv_s1(images: FloatArray, taps: FloatArray, ph: int, pw: int, out: FloatArray) -> None:
-    """Stride-1 convolution of ``images`` [N, Cin, H, W] with ``taps`` [Fh, Fw, Kout, Cin].
+    """Stride-1 convolution of ``images`` [N, Cin, H, W] with ``taps`` [Fh, Fw, Cin, Kout].
 
     ``out`` is [N, Kout, Oh, Ow]; images are split across the worker threads, each
     running single-threaded BLAS (one image alone uses the threaded BLAS instead).
     """
     n, cin, h, w = images.shape
-    fw, kout = taps.shape[1], taps.shape[2]
+    fh, fw, kout = taps.shape[0], taps.shape[1], taps.shape[3]
     hp, wp = h + 2 * ph, w + 2 * pw
     oh, ow = out.shape[2], out.shape[3]
+    span = oh * wp
 
     def run(start: int, stop: int) -> None:
-        padded = np.empty(cin * hp * wp + fw, dtype=F32)
-        wide = np.empty((kout, oh * wp), dtype=F32)
+        # Channels-last padded image with fw spare pixels for the last taps' overrun;
+        # the borders stay zero, only the interior is rewritten per image.
+        padded = np.zeros((hp * wp + fw, cin), dtype=F32)
+        interior = padded[: hp * wp].reshape(hp, wp, cin)[ph : ph + h, pw : pw + w]
+        wide = np.empty((span, kout), dtype=F32)
+        base = padded.ctypes.data
         for i in range(start, stop):
-            _pad_flat(images[i], ph, pw, fw, padded)
-            _conv_s1_image(padded, taps, cin, hp, wp, oh, ow, wide, out[i])
+            interior[...] = images[i].transpose(1, 2, 0)
+            first = True
+            for r in range(fh):
+                for s in range(fw):
+                    # wide (col-major Kout x span) (+)= tap (Kout x Cin) @ shifted (Cin x span).
+                    gemm_at(
+                        F32, False, False, kout, span, cin, 1.0,
+                        taps[r, s].ctypes.data, kout, base + 4 * cin * (r * wp + s), cin,
+                        0.0 if first else 1.0, wide.ctypes.data, kout,
+                    )  # fmt: skip
+                    first = False
+            out[i] = wide.reshape(oh, wp, kout)[:, :ow, :].transpose(2, 0, 1)
 
     if n >= 2:
         with _single_threaded_blas():
