@@ -153,7 +153,12 @@ def test_top_level_exports() -> None:
 
 def test_probe_reports_every_kind_and_is_cached() -> None:
     report = probe()
-    assert [e.kind for e in report.entries] == sorted(BackendKind, key=lambda k: -k.default_priority())
+    assert {e.kind for e in report.entries} == set(BackendKind)
+    priorities = [e.priority for e in report.entries]
+    assert priorities == sorted(priorities, reverse=True)
+    for entry in report.entries:
+        expected = 0 if entry.on_host_cpu else entry.kind.default_priority()
+        assert entry.priority == expected
     assert probe() is report
     assert probe(refresh=True) is not report
     cpu = report.entry("cpu")
@@ -409,3 +414,20 @@ def test_multi_kind_backend_and_the_generic_wgpu_name(monkeypatch: pytest.Monkey
     # ... but "metal" means Metal.
     with pytest.raises(UnsupportedError, match="runs as vulkan"):
         create_backend("metal", strict=True)
+
+
+def test_backends_whose_only_device_is_the_host_cpu_rank_below_the_cpu_backend() -> None:
+    from computehal.probe import ProbeEntry, ProbeReport
+    from computehal.types import DeviceInfo, MemoryKind
+
+    host = DeviceInfo(0, "pthread-cpu", memory_kind=MemoryKind.HOST)
+    gpu = DeviceInfo(0, "a gpu", memory_kind=MemoryKind.DEVICE)
+    software_cl = ProbeEntry(BackendKind.OPENCL, True, devices=(host,))
+    real_vk = ProbeEntry(BackendKind.VULKAN, True, devices=(gpu,))
+    cpu = ProbeEntry(BackendKind.CPU, True, devices=(host,))
+    assert software_cl.on_host_cpu and not real_vk.on_host_cpu and not cpu.on_host_cpu
+    assert software_cl.priority < cpu.priority < real_vk.priority
+    registry = ProbeReport((software_cl, cpu)).registry()
+    assert registry.select_best() is BackendKind.CPU
+    assert registry.fallback_chain() == [BackendKind.OPENCL, BackendKind.CPU]
+    assert ProbeReport((real_vk, software_cl, cpu)).registry().select_best() is BackendKind.VULKAN

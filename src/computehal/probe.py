@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from .backend import ComputeBackend
 from .errors import BackendError, InvalidArgumentError, UnsupportedError
 from .registry import BackendEntry, BackendKind, BackendRegistry, SelectionRequest
-from .types import Capabilities, DeviceInfo
+from .types import Capabilities, DeviceInfo, MemoryKind
 
 __all__ = [
     "ENV_VAR",
@@ -81,6 +81,10 @@ class BackendSpec:
         """``module.Class`` of the first candidate module, for display."""
         return f"{self.modules[0]}.{self.class_name}"
 
+
+#: Priority of a GPU-kind backend that only has the host CPU as its device (PoCL,
+#: lavapipe): below :class:`~computehal.CpuBackend`, which is faster on the same cores.
+HOST_CPU_PRIORITY = 0
 
 #: Every backend computehal knows, in no particular order (priorities decide).
 KNOWN_BACKENDS: tuple[BackendSpec, ...] = (
@@ -145,9 +149,23 @@ class ProbeEntry:
     runs_as: BackendKind | None = None
 
     @property
+    def on_host_cpu(self) -> bool:
+        """True for a GPU-kind backend whose every device is this host's CPU.
+
+        PoCL (OpenCL) and lavapipe (Vulkan) run kernels on the host processor and
+        report host memory; :class:`~computehal.CpuBackend` is faster there, so such an
+        entry ranks below it (see :attr:`priority`). Asked for by name, it still runs.
+        """
+        return (
+            self.kind is not BackendKind.CPU
+            and bool(self.devices)
+            and all(device.memory_kind is MemoryKind.HOST for device in self.devices)
+        )
+
+    @property
     def priority(self) -> int:
-        """The kind's default priority."""
-        return self.kind.default_priority()
+        """The kind's default priority, or 0 (below the CPU's 1) when :attr:`on_host_cpu`."""
+        return HOST_CPU_PRIORITY if self.on_host_cpu else self.kind.default_priority()
 
     def registry_entry(self) -> BackendEntry:
         """This result as a :class:`BackendEntry` (the CPU profile when capabilities are unknown)."""
@@ -155,7 +173,7 @@ class ProbeEntry:
             self.kind,
             self.available,
             capabilities=self.capabilities if self.capabilities is not None else Capabilities.cpu(),
-        )
+        ).with_priority(self.priority)
 
 
 @dataclass(frozen=True)
@@ -612,7 +630,7 @@ def _select(
             logger.info("skipped %s: %s", entry.kind.value, why)
             continue
         fell_back = entry.kind is not first_choice or position > 0
-        reason = _reason(entry, plan, fell_back)
+        reason = _reason(entry, plan, fell_back, found)
         selection = Selection(
             kind=entry.kind,
             device=ordinal,
@@ -704,14 +722,22 @@ def _start(entry: ProbeEntry, ordinal: int) -> ComputeBackend:
     return backend
 
 
-def _reason(entry: ProbeEntry, plan: _Plan, fell_back: bool) -> str:
+def _reason(entry: ProbeEntry, plan: _Plan, fell_back: bool, found: ProbeReport) -> str:
     if plan.request.pin is entry.kind:
         via = f"set by {ENV_VAR}" if plan.source == ENV_VAR else "asked for by name"
         return f"{entry.kind.value} was {via}"
     if fell_back:
         return f"fallback: the best backend that started ({entry.kind.value}, priority {entry.priority})"
     if plan.source == "default":
-        return f"highest-priority available backend (priority {entry.priority})"
+        text = f"highest-priority available backend (priority {entry.priority})"
+        if entry.kind is BackendKind.CPU:
+            emulated = [e.kind.value for e in found.entries if e.available and e.on_host_cpu]
+            if emulated:
+                text += (
+                    f"; {', '.join(emulated)} rank below it because their only device is this "
+                    "host's CPU (name one to use it anyway)"
+                )
+        return text
     return f"highest-priority backend meeting the request ({plan.requested}; priority {entry.priority})"
 
 

@@ -349,11 +349,14 @@ class BackendRegistry:
         raise UnsupportedError(f"no backend satisfies the request ({wanted.describe()}): {detail}")
 
     def select_best(self) -> BackendKind:
-        """The best available kind with no requirement; the CPU when nothing is available.
+        """The highest-priority available kind, with no requirement; the CPU when nothing is available.
 
-        Equivalent to ``fallback_chain()[0]``.
+        Usually ``fallback_chain()[0]``; it differs only when an available backend has a
+        priority below the CPU's (the probe ranks PoCL / lavapipe, whose only device is the
+        host CPU, at 0), in which case the CPU is the best choice.
         """
-        return self.fallback_chain()[0]
+        ranked = [entry.kind for entry in self._ranked() if entry.available]
+        return ranked[0] if ranked else BackendKind.CPU
 
     def fallback_chain(self) -> list[BackendKind]:
         """Available kinds by priority (highest first), with :attr:`BackendKind.CPU` always last.
