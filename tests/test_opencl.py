@@ -405,3 +405,60 @@ def test_convolutions_in_chunks_of_images(be: Any, monkeypatch: pytest.MonkeyPat
     finally:
         for ptr in (px, pf, pgy, py, pgx, pgf):
             be.free(ptr)
+
+
+def _fold_reference(op: str, x: Any, axis: int) -> Any:
+    """Reductions written as explicit Python folds over the axis (fmax / fmin semantics)."""
+    moved = np.moveaxis(x.astype(np.float64), axis, -1)
+    out = np.empty(moved.shape[:-1])
+    for index in np.ndindex(*out.shape):
+        values = moved[index]
+        if op in ("sum", "mean"):
+            total = 0.0
+            for value in values:
+                total += value
+            out[index] = total / len(values) if op == "mean" and len(values) else total
+        else:
+            acc = -np.inf if op == "max" else np.inf
+            for value in values:
+                if not np.isnan(value) and ((value > acc) if op == "max" else (value < acc)):
+                    acc = value
+            out[index] = acc
+    return out
+
+
+@pytest.mark.parametrize("contig", [1, 0], ids=["cpu-fold", "gpu-fold"])
+@pytest.mark.parametrize(
+    ("shape", "axis"), [((100003,), 0), ((3, 5000), 1), ((4, 37, 3), 1), ((2, 0), 1), ((6, 50), 0)]
+)
+def test_reduce_fold_variants(be: Any, contig: int, shape: tuple[int, ...], axis: int) -> None:
+    rng = np.random.default_rng(len(shape) * 31 + shape[0])
+    x = rng.standard_normal(shape).astype(np.float32)
+    if x.size > 40:
+        x.flat[[3, 39]] = np.nan
+    saved = be._contig
+    base, ptr = put(be, x, pad=128) if x.size else (be.alloc(64), 0)
+    ptr = ptr or base
+    out_shape = shape[:axis] + shape[axis + 1 :]
+    out = be.alloc(max(4, int(np.prod(out_shape)) * 4))
+    try:
+        be._contig = contig
+        for op in ("sum", "mean", "max", "min"):
+            be.reduce(op, ptr, out, list(shape), axis)
+            got = get(be, out, out_shape)
+            np.testing.assert_allclose(got, _fold_reference(op, x, axis), rtol=2e-4, atol=2e-3, err_msg=op)
+        if x.size:
+            y = be.alloc(x.nbytes)
+            try:
+                be.softmax(ptr, y, list(shape), axis)
+                moved = np.moveaxis(x.astype(np.float64), axis, -1)
+                peak = _fold_reference("max", x, axis)[..., None]
+                e = np.exp(moved - peak)
+                want = np.moveaxis(e / e.sum(axis=-1, keepdims=True), -1, axis)
+                np.testing.assert_allclose(get(be, y, shape), want, rtol=1e-4, atol=1e-6)
+            finally:
+                be.free(y)
+    finally:
+        be._contig = saved
+        be.free(base)
+        be.free(out)

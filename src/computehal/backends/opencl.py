@@ -335,6 +335,8 @@ class OpenCLBackend(TableBackend):
         self._local_mem = int(dev.local_mem_size)
         #: Work-group size of the row reductions: a power of two the device accepts.
         self._reduce_ls = 1 << (min(_REDUCE_LS, self._max_wg).bit_length() - 1)
+        #: CPU devices fold contiguous slabs per work-item (vector code); GPUs interleave.
+        self._contig = int(bool(dev.type & cl.device_type.CPU))
         #: CPU devices run attention with the single-work-item vector kernel; GPUs with the
         #: work-group kernel (both are exercised by the tests on PoCL).
         self.vector_attention = bool(dev.type & cl.device_type.CPU)
@@ -962,13 +964,29 @@ class OpenCLBackend(TableBackend):
             y = self._at(p.output)
             code = I32(_REDUCE_CODES[p.op])
             if p.inner == 1:
-                kernel = self._kernel("reduce", "reduce_rows", LS=self._reduce_ls)
+                kernel = self._kernel("reduce", "reduce_rows", LS=self._reduce_ls, CONTIG=self._contig)
+                ls = self._reduce_ls
+                # Few long rows: split each across work-groups, then reduce the partials.
+                chunks = 1
+                if p.outer < 4 * self._compute_units and p.length >= 64 * ls:
+                    chunks = min(p.length // (16 * ls), _ceil_div(16 * self._compute_units, p.outer))
+                if chunks > 1:
+                    partial = self._scratch_buffer("partials", p.outer * chunks * 4)
+                    first = I32(_REDUCE_CODES[ReduceOp.SUM if p.op is ReduceOp.MEAN else p.op])
+                    self._launch(
+                        kernel, (p.outer * chunks * ls,), (ls,),
+                        x.buffer, I64(x.offset), partial, I64(0), I64(p.length), first, I64(chunks), I64(0),
+                    )  # fmt: skip
+                    x, length = _Operand(partial, 0), chunks
+                else:
+                    length = p.length
                 self._launch(
-                    kernel, (p.outer * self._reduce_ls,), (self._reduce_ls,),
-                    x.buffer, I64(x.offset), y.buffer, I64(y.offset), I64(p.length), code,
+                    kernel, (p.outer * ls,), (ls,),
+                    x.buffer, I64(x.offset), y.buffer, I64(y.offset),
+                    I64(length), code, I64(1), I64(p.length),
                 )  # fmt: skip
             else:
-                kernel = self._kernel("reduce", "reduce_cols", LS=self._reduce_ls)
+                kernel = self._kernel("reduce", "reduce_cols", LS=self._reduce_ls, CONTIG=self._contig)
                 self._launch(
                     kernel, (count,), (min(64, self._max_wg),),
                     x.buffer, I64(x.offset), y.buffer, I64(y.offset),
@@ -984,13 +1002,13 @@ class OpenCLBackend(TableBackend):
             x = self._input(p.input, [p.output], same_ok=True)
             y = self._at(p.output)
             if p.inner == 1:
-                kernel = self._kernel("reduce", "softmax_rows", LS=self._reduce_ls)
+                kernel = self._kernel("reduce", "softmax_rows", LS=self._reduce_ls, CONTIG=self._contig)
                 self._launch(
                     kernel, (p.outer * self._reduce_ls,), (self._reduce_ls,),
                     x.buffer, I64(x.offset), y.buffer, I64(y.offset), I64(p.length),
                 )  # fmt: skip
             else:
-                kernel = self._kernel("reduce", "softmax_cols", LS=self._reduce_ls)
+                kernel = self._kernel("reduce", "softmax_cols", LS=self._reduce_ls, CONTIG=self._contig)
                 self._launch(
                     kernel, (p.outer * p.inner,), (min(64, self._max_wg),),
                     x.buffer, I64(x.offset), y.buffer, I64(y.offset),

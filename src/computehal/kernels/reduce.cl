@@ -5,12 +5,17 @@
  * tree reduction in local memory. *_cols kernels (inner > 1): one work-item per (outer, inner)
  * slice, folding along the axis (neighbouring work-items read neighbouring addresses).
  * MAX / MIN fold from -inf / +inf and ignore NaN, like numpy.fmax / fmin reductions.
- * Build parameter: LS, the work-group size of the *_rows kernels (a power of two).
+ * Build parameters: LS, the work-group size of the *_rows kernels (a power of two); CONTIG = 1
+ * makes each work-item of a *_rows group fold one contiguous slab with 16 independent lanes
+ * (vector code on CPU devices), CONTIG = 0 interleaves work-items (coalesced on GPUs).
  */
 #include "dialect.h"
 
 #ifndef LS
 #define LS 64
+#endif
+#ifndef CONTIG
+#define CONTIG 0
 #endif
 
 #define OP_SUM 0
@@ -29,6 +34,51 @@ DEVICE float chal_combine(int op, float acc, float v) {
     return acc + v;
 }
 
+/* Fold src[start, end) with op `kind` in 16 independent lanes, then combine the lanes. */
+DEVICE float chal_fold(GLOBAL const float* src, i64 start, i64 end, int kind) {
+    float init = chal_identity(kind);
+    float lanes[16];
+    for (int l = 0; l < 16; ++l) lanes[l] = init;
+    i64 i = start;
+    if (kind == OP_MAX) {
+        for (; i + 16 <= end; i += 16) {
+            for (int l = 0; l < 16; ++l) {
+                float v = src[i + l];
+                lanes[l] = v > lanes[l] ? v : lanes[l];
+            }
+        }
+    } else if (kind == OP_MIN) {
+        for (; i + 16 <= end; i += 16) {
+            for (int l = 0; l < 16; ++l) {
+                float v = src[i + l];
+                lanes[l] = v < lanes[l] ? v : lanes[l];
+            }
+        }
+    } else {
+        for (; i + 16 <= end; i += 16) {
+            for (int l = 0; l < 16; ++l) lanes[l] += src[i + l];
+        }
+    }
+    float acc = init;
+    for (; i < end; ++i) acc = chal_combine(kind, acc, src[i]);
+    for (int l = 0; l < 16; ++l) acc = chal_combine(kind, acc, lanes[l]);
+    return acc;
+}
+
+/* This work-item's fold of src[start, end) within a work-group of LS. */
+DEVICE float chal_group_fold(GLOBAL const float* src, i64 start, i64 end, int kind) {
+#if CONTIG
+    i64 slab = (end - start + LS - 1) / LS;
+    i64 lo = start + LID(0) * slab;
+    i64 hi = lo + slab < end ? lo + slab : end;
+    return chal_fold(src, lo, hi, kind);
+#else
+    float acc = chal_identity(kind);
+    for (i64 i = start + LID(0); i < end; i += LS) acc = chal_combine(kind, acc, src[i]);
+    return acc;
+#endif
+}
+
 /* Tree-reduce LS partials in `part`; every work-item returns the result. */
 DEVICE float chal_group_reduce(LOCAL float* part, int op, float mine) {
     int t = LID(0);
@@ -43,15 +93,22 @@ DEVICE float chal_group_reduce(LOCAL float* part, int op, float mine) {
     return r;
 }
 
-KERNEL void reduce_rows(GLOBAL const float* x, i64 xo, GLOBAL float* y, i64 yo, i64 length, int op) {
+/* Rows of `length` contiguous elements; `chunks` work-groups share each row, group g folding
+ * part g % chunks of row g / chunks into y[yo + g]. A second launch over those partials (as
+ * rows of `chunks` elements, op SUM for MEAN's first pass) finishes a split row. MEAN divides
+ * by `mean_len` (the full length), leaving 0 for an empty axis. */
+KERNEL void reduce_rows(GLOBAL const float* x, i64 xo, GLOBAL float* y, i64 yo, i64 length, int op, i64 chunks,
+                        i64 mean_len) {
     SHARED float part[LS];
-    i64 row = GRP(0);
+    i64 g = GRP(0);
+    i64 row = g / chunks;
+    i64 span = (length + chunks - 1) / chunks;
+    i64 start = (g - row * chunks) * span;
+    i64 end = start + span < length ? start + span : length;
     GLOBAL const float* src = x + xo + row * length;
     int kind = op == OP_MEAN ? OP_SUM : op;
-    float acc = chal_identity(kind);
-    for (i64 i = LID(0); i < length; i += LS) acc = chal_combine(kind, acc, src[i]);
-    float r = chal_group_reduce(part, kind, acc);
-    if (LID(0) == 0) y[yo + row] = (op == OP_MEAN && length > 0) ? r / (float)length : r;
+    float r = chal_group_reduce(part, kind, chal_group_fold(src, start, end, kind));
+    if (LID(0) == 0) y[yo + g] = (op == OP_MEAN && mean_len > 0) ? r / (float)mean_len : r;
 }
 
 KERNEL void reduce_cols(GLOBAL const float* x, i64 xo, GLOBAL float* y, i64 yo, i64 outer, i64 length,
@@ -74,9 +131,7 @@ KERNEL void softmax_rows(GLOBAL const float* x, i64 xo, GLOBAL float* y, i64 yo,
     i64 row = GRP(0);
     GLOBAL const float* src = x + xo + row * length;
     GLOBAL float* dst = y + yo + row * length;
-    float peak = -INFINITY;
-    for (i64 i = LID(0); i < length; i += LS) peak = chal_combine(OP_MAX, peak, src[i]);
-    peak = chal_group_reduce(part, OP_MAX, peak);
+    float peak = chal_group_reduce(part, OP_MAX, chal_group_fold(src, 0, length, OP_MAX));
     float total = 0.0f;
     for (i64 i = LID(0); i < length; i += LS) total += exp(src[i] - peak);
     total = chal_group_reduce(part, OP_SUM, total);
