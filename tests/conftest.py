@@ -35,6 +35,7 @@ BACKEND_FACTORIES: dict[str, Callable[[], ComputeBackend]] = {
     "cpu": lazy("computehal.backends.cpu", "CpuBackend"),
     "opencl": lazy("computehal.backends.opencl", "OpenCLBackend"),
     "wgpu": lazy("computehal.backends.wgpu", "WgpuBackend"),
+    "cuda": lazy("computehal.backends.cuda", "CudaBackend"),
 }
 
 #: Errors that mean "this backend cannot run on this machine" (skip, unless required).
