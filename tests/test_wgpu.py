@@ -311,16 +311,18 @@ def test_mixed_precision_rounds_like_ml_dtypes(be: Any, prec: str) -> None:
     with np.errstate(over="ignore"):
         want = specials.astype(narrow).astype(F32)
     np.testing.assert_array_equal(get(be, pc, n), want)
-    rng = np.random.default_rng(3)
-    m, nn, k = 31, 23, 40
-    a = (rng.standard_normal((m, k)) * 4).astype(F32)
-    b = (rng.standard_normal((k, nn)) * 4).astype(F32)
-    pa2, pb2, pc2 = put(be, colmajor(a, m)), put(be, colmajor(b, k)), be.alloc(4 * m * nn)
-    be.gemm_mixed_precision(prec, "N", "N", m, nn, k, 1.0, pa2, m, pb2, k, 0.0, pc2, m)
-    want2 = a.astype(narrow).astype(np.float64) @ b.astype(narrow).astype(np.float64)
-    np.testing.assert_allclose(from_colmajor(get(be, pc2, m * nn), m, nn, m), want2, rtol=1e-5, atol=1e-4)
-    for p in (pa, one, pc, pa2, pb2, pc2):
+    for p in (pa, one, pc):
         be.free(p)
+    rng = np.random.default_rng(3)
+    for m, nn, k in ((31, 23, 40), (70, 40, 40)):  # the small-matrix and the tiled kernel
+        a = (rng.standard_normal((m, k)) * 4).astype(F32)
+        b = (rng.standard_normal((nn, k)) * 4).astype(F32)
+        pa2, pb2, pc2 = put(be, colmajor(a, m)), put(be, colmajor(b, nn)), be.alloc(4 * m * nn)
+        be.gemm_mixed_precision(prec, "N", "T", m, nn, k, 1.0, pa2, m, pb2, nn, 0.0, pc2, m)
+        want2 = a.astype(narrow).astype(np.float64) @ b.astype(narrow).astype(np.float64).T
+        np.testing.assert_allclose(from_colmajor(get(be, pc2, m * nn), m, nn, m), want2, rtol=1e-5, atol=1e-4)
+        for p in (pa2, pb2, pc2):
+            be.free(p)
 
 
 # ---------------------------------------------------------------------- convolution
@@ -697,3 +699,36 @@ def test_threads_share_the_backend(be: Any) -> None:
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+def test_unaligned_element_offsets_use_the_scalar_path(be: Any) -> None:
+    x = np.linspace(-3, 3, 67, dtype=F32)
+    px, po = put(be, x), be.alloc(4 * 67)
+    be.binary("mul", px + 4, px + 8, po + 12, 60)  # element offsets 1, 2, 3
+    got = get(be, po, 67)
+    np.testing.assert_allclose(got[3:63], x[1:61] * x[2:62], rtol=1e-6)
+    be.free(px)
+    be.free(po)
+
+
+def test_batched_gemm_beyond_one_grid_dimension(be: Any) -> None:
+    count = 65535 + 7  # more batches than one dispatch's grid.z
+    a = np.arange(count, dtype=F32) % 13
+    b = np.full(count, 2.0, dtype=F32)
+    pa, pb, pc = put(be, a), put(be, b), put(be, np.ones(count, F32))
+    be.batched_gemm("N", "N", 1, 1, 1, 1.0, pa, 1, 1, pb, 1, 1, 1.0, pc, 1, 1, count)
+    np.testing.assert_array_equal(get(be, pc, count), 2.0 * a + 1.0)
+    for p in (pa, pb, pc):
+        be.free(p)
+
+
+def test_reduce_many_long_slices(be: Any) -> None:
+    shape = (70000, 260)  # more slices than one grid dimension, each long enough for a workgroup
+    x = np.random.default_rng(2).standard_normal(shape).astype(F32)
+    px, po = put(be, x), be.alloc(4 * shape[0])
+    be.reduce("max", px, po, list(shape), 1)
+    np.testing.assert_array_equal(get(be, po, shape[0]), x.max(axis=1))
+    be.reduce("sum", px, po, list(shape), 1)
+    np.testing.assert_allclose(get(be, po, shape[0]), x.astype(np.float64).sum(axis=1), rtol=1e-5, atol=1e-4)
+    be.free(px)
+    be.free(po)

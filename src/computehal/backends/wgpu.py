@@ -62,6 +62,8 @@ _SLOT = 256
 _SLOTS = 256
 #: maxComputeWorkgroupsPerDimension of WebGPU; larger 1-D grids spill into grid.y.
 _MAX_GROUPS = 65535
+#: GEMMs with at most this many elements of C per batch use one invocation per element.
+_SMALL_GEMM = 1024
 #: Bind groups kept in the cache before it is cleared.
 _BIND_GROUP_CACHE = 1024
 
@@ -81,6 +83,7 @@ _KERNELS: dict[str, tuple[str, int]] = {
     "binary4": (_ELEMENTWISE4, 3),
     "gemm": ("wgpu_gemm.wgsl", 3),
     "gemm_scale": ("wgpu_gemm.wgsl", 3),
+    "gemm_small": ("wgpu_gemm.wgsl", 3),
     "conv_forward": ("wgpu_conv.wgsl", 3),
     "conv_backward_data": ("wgpu_conv.wgsl", 3),
     "conv_backward_filter": ("wgpu_conv.wgsl", 3),
@@ -590,21 +593,27 @@ class WgpuBackend(TableBackend):
         alpha = float(np.float32(g.alpha))
         beta = float(np.float32(g.beta))
         steps = []
-        for base in range(0, batches, _MAX_GROUPS):
-            count = min(_MAX_GROUPS, batches - base)
+        small = not skipped and g.m * g.n <= _SMALL_GEMM
+        chunk = batches if small else _MAX_GROUPS
+        for base in range(0, batches, chunk):
+            count = min(chunk, batches - base)
             params = _pack(
                 g.m, g.n, g.k, g.lda, g.ldb, g.ldc, ba.elem, bb.elem, bc.elem,
                 strides[0], strides[1], strides[2], base,
-                g.trans_a, g.trans_b, g.beta == 0.0, round_mode, alpha, beta,
+                g.trans_a, g.trans_b, g.beta == 0.0, round_mode, alpha, beta, count,
             )  # fmt: skip
+            if small:
+                steps.append(_Step("gemm_small", params, (ba, bb, bc), _grid_1d(g.m * g.n * count, 256)))
+                continue
             if skipped:
                 grid = (-(-g.m // 16), -(-g.n // 16), count)
-                steps.append(_Step("gemm_scale", params, (ba, bb, bc), grid))
+                kernel = "gemm_scale"
             else:
                 grid = (-(-g.m // 64), -(-g.n // 64), count)
-                steps.append(_Step("gemm", params, (ba, bb, bc), grid))
-        if grid[0] > _MAX_GROUPS or grid[1] > _MAX_GROUPS:
-            raise UnsupportedError(f"gemm of {g.m} x {g.n} exceeds the device's dispatch grid limits")
+                kernel = "gemm"
+            if grid[0] > _MAX_GROUPS or grid[1] > _MAX_GROUPS:
+                raise UnsupportedError(f"gemm of {g.m} x {g.n} exceeds the device's dispatch grid limits")
+            steps.append(_Step(kernel, params, (ba, bb, bc), grid))
         if pre is not None:
             self._pre_copy(pre)
         return steps, copies

@@ -27,6 +27,7 @@ struct Params {
     round_mode: u32,
     alpha: f32,
     beta: f32,
+    batch_count: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -203,4 +204,48 @@ fn gemm_scale(@builtin(global_invocation_id) gid: vec3<u32>) {
     } else {
         C[idx] = P.beta * C[idx];
     }
+}
+
+// Small matrices (and many of them): one invocation per element of C over all batches,
+// a plain dot product along k. The tiled kernel would leave most of a 64 x 64 tile idle.
+@compute @workgroup_size(256)
+fn gemm_small(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lidx: u32,
+) {
+    let t = linear_id(wid, nwg, lidx, 256u);
+    let per_batch = P.m * P.n;
+    if (t >= per_batch * P.batch_count) {
+        return;
+    }
+    let i = t % P.m;
+    let j = (t / P.m) % P.n;
+    let batch = t / per_batch + P.batch_base;
+    let a_base = P.a_off + batch * P.stride_a;
+    let b_base = P.b_off + batch * P.stride_b;
+    var a_idx = a_base + i;
+    var a_step = P.lda;
+    if (P.trans_a != 0u) {
+        a_idx = a_base + i * P.lda;
+        a_step = 1u;
+    }
+    var b_idx = b_base + j * P.ldb;
+    var b_step = 1u;
+    if (P.trans_b != 0u) {
+        b_idx = b_base + j;
+        b_step = P.ldb;
+    }
+    var acc = 0.0;
+    for (var p = 0u; p < P.k; p++) {
+        acc = fma(narrow(A[a_idx]), narrow(B[b_idx]), acc);
+        a_idx += a_step;
+        b_idx += b_step;
+    }
+    let idx = P.c_off + batch * P.stride_c + i + j * P.ldc;
+    var value = P.alpha * acc;
+    if (P.beta_zero == 0u) {
+        value = fma(P.beta, C[idx], value);
+    }
+    C[idx] = value;
 }
