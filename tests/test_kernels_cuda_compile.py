@@ -39,7 +39,7 @@ CONFIGS: dict[str, list[dict[str, str]]] = {
         {"HD": "24", "BQ": "4", "BKV": "64", "VW": "8"},
         {"HD": "128", "BQ": "4", "BKV": "32", "VW": "8"},
     ],
-    "reduce.cl": [{"LS": "64"}],
+    "reduce.cl": [{"LS": "64", "CONTIG": "0"}, {"LS": "64", "CONTIG": "1"}],
 }
 
 

@@ -17,6 +17,9 @@
 #ifndef CONTIG
 #define CONTIG 0
 #endif
+#ifndef VW
+#define VW 8
+#endif
 
 #define OP_SUM 0
 #define OP_MAX 1
@@ -124,18 +127,57 @@ KERNEL void reduce_cols(GLOBAL const float* x, i64 xo, GLOBAL float* y, i64 yo, 
     y[yo + g] = (op == OP_MEAN && length > 0) ? acc / (float)length : acc;
 }
 
-/* Softmax of one contiguous slice per work-group: max (NaN ignored), sum of exp, normalise.
- * A slice of all -inf gives NaN (-inf - -inf); a NaN in the slice makes the slice NaN. */
+/* dst[i] = exp(src[i] - peak) for i in [lo, hi) with the given stride; returns the sum of the
+ * values written. src may be dst (each element is read before it is written). With CONTIG and a
+ * unit stride, exp runs on VW-wide vectors. */
+DEVICE float chal_exp_store(GLOBAL const float* src, GLOBAL float* dst, i64 lo, i64 hi, i64 step, float peak) {
+    float total = 0.0f;
+    i64 i = lo;
+#if CONTIG
+    if (step == 1) {
+        for (; i + VW <= hi; i += VW) {
+            union {
+                VEC_T v;
+                float s[VW];
+            } t;
+            for (int l = 0; l < VW; ++l) t.s[l] = src[i + l];
+            t.v = VEXP(t.v - peak);
+            for (int l = 0; l < VW; ++l) {
+                dst[i + l] = t.s[l];
+                total += t.s[l];
+            }
+        }
+    }
+#endif
+    for (; i < hi; i += step) {
+        float e = exp(src[i] - peak);
+        dst[i] = e;
+        total += e;
+    }
+    return total;
+}
+
+/* Softmax of one contiguous slice per work-group: max (NaN ignored); exp(x - max) written to the
+ * output while summing; then the output divided by the sum. A slice of all -inf gives NaN
+ * (-inf - -inf); a NaN in the slice makes the slice NaN. */
 KERNEL void softmax_rows(GLOBAL const float* x, i64 xo, GLOBAL float* y, i64 yo, i64 length) {
     SHARED float part[LS];
     i64 row = GRP(0);
     GLOBAL const float* src = x + xo + row * length;
     GLOBAL float* dst = y + yo + row * length;
     float peak = chal_group_reduce(part, OP_MAX, chal_group_fold(src, 0, length, OP_MAX));
-    float total = 0.0f;
-    for (i64 i = LID(0); i < length; i += LS) total += exp(src[i] - peak);
-    total = chal_group_reduce(part, OP_SUM, total);
-    for (i64 i = LID(0); i < length; i += LS) dst[i] = exp(src[i] - peak) / total;
+#if CONTIG
+    i64 slab = (length + LS - 1) / LS;
+    i64 lo = LID(0) * slab;
+    i64 hi = lo + slab < length ? lo + slab : length;
+    i64 step = 1;
+#else
+    i64 lo = LID(0);
+    i64 hi = length;
+    i64 step = LS;
+#endif
+    float total = chal_group_reduce(part, OP_SUM, chal_exp_store(src, dst, lo, hi, step, peak));
+    for (i64 i = lo; i < hi; i += step) dst[i] = dst[i] / total;
 }
 
 KERNEL void softmax_cols(GLOBAL const float* x, i64 xo, GLOBAL float* y, i64 yo, i64 outer, i64 length,
@@ -148,7 +190,6 @@ KERNEL void softmax_cols(GLOBAL const float* x, i64 xo, GLOBAL float* y, i64 yo,
     GLOBAL float* dst = y + yo + o * length * inner + in;
     float peak = -INFINITY;
     for (i64 i = 0; i < length; ++i) peak = chal_combine(OP_MAX, peak, src[i * inner]);
-    float total = 0.0f;
-    for (i64 i = 0; i < length; ++i) total += exp(src[i * inner] - peak);
-    for (i64 i = 0; i < length; ++i) dst[i * inner] = exp(src[i * inner] - peak) / total;
+    float total = chal_exp_store(src, dst, 0, length * inner, inner, peak);
+    for (i64 i = 0; i < length; ++i) dst[i * inner] = dst[i * inner] / total;
 }
