@@ -462,3 +462,26 @@ def test_reduce_fold_variants(be: Any, contig: int, shape: tuple[int, ...], axis
         be._contig = saved
         be.free(base)
         be.free(out)
+
+
+@pytest.mark.parametrize("scratch", [1 << 28, 2000], ids=["one-chunk", "chunked"])
+def test_batched_gemm_with_c_aliasing_a_reads_operands_first(
+    be: Any, monkeypatch: pytest.MonkeyPatch, scratch: int
+) -> None:
+    import computehal.backends.opencl as module
+
+    monkeypatch.setattr(module, "_GEMM_SCRATCH", scratch)
+    rng = np.random.default_rng(21)
+    batches, m = 3, 20  # square: A_i and C_i are the same m x m matrix
+    a = rng.standard_normal((batches, m, m)).astype(np.float32)
+    b = rng.standard_normal((batches, m, m)).astype(np.float32)
+    pa, _ = put(be, a)
+    pb, _ = put(be, b)
+    try:
+        be.batched_gemm("N", "N", m, m, m, 1.0, pa, m, m * m, pb, m, m * m, 0.5, pa, m, m * m, batches)
+        # Column-major batch i is a[i].T; the result, stored column-major, read back row-major:
+        want = np.einsum("bpi,bjp->bji", a.astype(np.float64), b) + 0.5 * a
+        np.testing.assert_allclose(get(be, pa, a.shape), want, rtol=1e-4, atol=1e-4)
+    finally:
+        be.free(pa)
+        be.free(pb)

@@ -541,8 +541,13 @@ class OpenCLBackend(TableBackend):
         batches: int = 1,
         strides: tuple[int, int, int] = (0, 0, 0),
         mode: int = 0,
+        spans: tuple[Region, Region, Region] | None = None,
     ) -> None:
-        """Pack op(A), op(B) (rounding them when ``mode`` is 1 / 2) and multiply, per batch."""
+        """Pack op(A), op(B) (rounding them when ``mode`` is 1 / 2) and multiply, per batch.
+
+        ``spans`` are the regions of A, B and C over all batches (a batched call); ``p``
+        describes batch 0.
+        """
         dtype = p.dtype
         size = dtype.itemsize
         if p.empty or batches == 0:
@@ -566,8 +571,10 @@ class OpenCLBackend(TableBackend):
         rows_step = _round_up(p.m, mr) if per_batch <= limit else max(mr, (limit // 2 // p.k) // mr * mr)
         cols_step = _round_up(p.n, nr) if per_batch <= limit else max(nr, (limit // 2 // p.k) // nr * nr)
         chunked = batch_step < batches or rows_step < p.m or cols_step < p.n
-        a = self._input(p.a, [p.c] if chunked else [], size)
-        b = self._input(p.b, [p.c] if chunked else [], size)
+        # Chunks pack operands after earlier chunks wrote C: snapshot operands that overlap C.
+        span_a, span_b, span_c = spans if spans is not None else (p.a, p.b, p.c)
+        a = self._input(span_a, [span_c] if chunked else [], size)
+        b = self._input(span_b, [span_c] if chunked else [], size)
         sa, sb, sc = strides
         for b0 in range(0, batches, batch_step):
             nb = min(batch_step, batches - b0)
@@ -658,7 +665,7 @@ class OpenCLBackend(TableBackend):
         if p.empty:
             return
         with self._lock:
-            self._gemm(p.gemm, p.batch_count, (p.stride_a, p.stride_b, p.stride_c))
+            self._gemm(p.gemm, p.batch_count, (p.stride_a, p.stride_b, p.stride_c), spans=(p.a, p.b, p.c))
 
     @guarded
     def gemm_mixed_precision(
