@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -1008,6 +1009,9 @@ def _softmax_slices(x: FloatArray, out: FloatArray) -> None:
 
 
 _blas_controller: Any = None
+_blas_lock = threading.Lock()
+_blas_users = 0
+_blas_limiter: Any = None
 
 
 @contextmanager
@@ -1015,19 +1019,31 @@ def _single_threaded_blas() -> Iterator[None]:
     """Run BLAS single-threaded inside the block (our own threads split the work).
 
     The threadpoolctl controller is built once: ``threadpool_limits`` rescans every
-    loaded library on each use, which costs milliseconds per call.
+    loaded library on each use, which costs milliseconds per call. The limit is
+    reference-counted, so overlapping blocks from several caller threads restore the
+    original thread count only when the last one leaves (nested save/restore pairs
+    would otherwise leave BLAS single-threaded for good).
     """
-    global _blas_controller
-    if _blas_controller is None:
-        try:
-            import scipy.linalg.cython_blas  # noqa: F401  (load SciPy's BLAS before the scan)
-            from threadpoolctl import ThreadpoolController
-        except ImportError:
-            _blas_controller = False
-        else:
-            _blas_controller = ThreadpoolController()
-    if _blas_controller is False:
+    global _blas_controller, _blas_users, _blas_limiter
+    with _blas_lock:
+        if _blas_controller is None:
+            try:
+                import scipy.linalg.cython_blas  # noqa: F401  (load SciPy's BLAS before the scan)
+                from threadpoolctl import ThreadpoolController
+            except ImportError:
+                _blas_controller = False
+            else:
+                _blas_controller = ThreadpoolController()
+        if _blas_controller is not False:
+            if _blas_users == 0:
+                _blas_limiter = _blas_controller.limit(limits=1, user_api="blas")
+            _blas_users += 1
+    try:
         yield
-        return
-    with _blas_controller.limit(limits=1, user_api="blas"):
-        yield
+    finally:
+        if _blas_controller is not False:
+            with _blas_lock:
+                _blas_users -= 1
+                if _blas_users == 0 and _blas_limiter is not None:
+                    _blas_limiter.restore_original_limits()
+                    _blas_limiter = None
