@@ -39,6 +39,7 @@ CONFIGS: dict[str, list[dict[str, str]]] = {
         {"HD": "24", "BQ": "4", "BKV": "64", "VW": "8"},
         {"HD": "128", "BQ": "4", "BKV": "32", "VW": "8"},
     ],
+    "elementwise.cl": [{"EW": "1"}, {"EW": "16"}],
     "reduce.cl": [{"LS": "64", "CONTIG": "0"}, {"LS": "64", "CONTIG": "1"}],
 }
 

@@ -485,3 +485,32 @@ def test_batched_gemm_with_c_aliasing_a_reads_operands_first(
     finally:
         be.free(pa)
         be.free(pb)
+
+
+@pytest.mark.parametrize("ew", [16, 1], ids=["cpu-run", "gpu-one"])
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 1000, 70001])
+def test_elementwise_variants(be: Any, ew: int, n: int) -> None:
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal(n).astype(np.float32)
+    y = rng.standard_normal(n).astype(np.float32)
+    x[:: max(1, n // 7)] = np.nan if n > 1 else x[0]
+    saved = be._ew
+    base_x, px = put(be, x, pad=4)  # element-aligned, not vector-aligned
+    base_y, py = put(be, y, pad=12)
+    out = be.alloc(n * 4 + 8)
+    try:
+        be._ew = ew
+        be.unary("relu", px, out + 8, n)
+        relu = np.array([v if v > 0 else 0.0 for v in x], dtype=np.float32)  # NaN -> 0
+        np.testing.assert_array_equal(get(be, out + 8, n), relu)
+        be.binary("max", px, py, out + 8, n)
+        fmax = np.array(
+            [b if np.isnan(a) else (a if np.isnan(b) or a >= b else b) for a, b in zip(x, y, strict=True)]
+        )
+        np.testing.assert_array_equal(get(be, out + 8, n), fmax.astype(np.float32))
+        be.binary("sub", px, py, px, n)  # output aliases the first input exactly
+        np.testing.assert_array_equal(get(be, px, n), x - y)
+    finally:
+        be._ew = saved
+        for ptr in (base_x, base_y, out):
+            be.free(ptr)

@@ -89,8 +89,8 @@ _ATTN_BQ = 32
 _VEC_ATTN_BQ = 16
 _VEC_ATTN_MAX_DIM = 256
 
-#: Elements per work-item of the element-wise kernels (EW in kernels/elementwise.cl).
-_EW = 16
+#: Elements per work-item of the element-wise kernels on CPU devices (EW in elementwise.cl).
+_EW_CPU = 16
 
 _REDUCE_CODES = {ReduceOp.SUM: 0, ReduceOp.MAX: 1, ReduceOp.MIN: 2, ReduceOp.MEAN: 3}
 _ROUND_MODES = {MixedPrecision.F16: 1, MixedPrecision.BF16: 2}
@@ -337,6 +337,8 @@ class OpenCLBackend(TableBackend):
         self._reduce_ls = 1 << (min(_REDUCE_LS, self._max_wg).bit_length() - 1)
         #: CPU devices fold contiguous slabs per work-item (vector code); GPUs interleave.
         self._contig = int(bool(dev.type & cl.device_type.CPU))
+        #: Elements per element-wise work-item: a vectorisable run on CPUs, one on GPUs.
+        self._ew = _EW_CPU if self._contig else 1
         #: CPU devices run attention with the single-work-item vector kernel; GPUs with the
         #: work-group kernel (both are exercised by the tests on PoCL).
         self.vector_attention = bool(dev.type & cl.device_type.CPU)
@@ -473,7 +475,7 @@ class OpenCLBackend(TableBackend):
     def _fill(self, region: Region, count: int, value: float = 0.0) -> None:
         if count == 0:
             return
-        kernel = self._kernel("elementwise", "fill_f32")
+        kernel = self._kernel("elementwise", "fill_f32", EW=self._ew)
         self._launch(
             kernel,
             (count,),
@@ -971,7 +973,7 @@ class OpenCLBackend(TableBackend):
             y = self._at(p.output)
             code = I32(_REDUCE_CODES[p.op])
             if p.inner == 1:
-                kernel = self._kernel("reduce", "reduce_rows", LS=self._reduce_ls, CONTIG=self._contig)
+                kernel = self._kernel("reduce", "reduce_rows_split", LS=self._reduce_ls, CONTIG=self._contig)
                 ls = self._reduce_ls
                 # Few long rows: split each across work-groups, then reduce the partials.
                 chunks = 1
@@ -1036,9 +1038,9 @@ class OpenCLBackend(TableBackend):
         with self._lock:
             x = self._input(p.a, [p.out], same_ok=True)
             y = self._at(p.out)
-            kernel = self._kernel("elementwise", f"unary_{p.op.value}")
+            kernel = self._kernel("elementwise", f"unary_{p.op.value}", EW=self._ew)
             self._launch(
-                kernel, (_ceil_div(p.n, _EW),), (self._elementwise_local(p.n),),
+                kernel, (_ceil_div(p.n, self._ew),), (self._elementwise_local(p.n),),
                 x.buffer, I64(x.offset), y.buffer, I64(y.offset), I64(p.n),
             )  # fmt: skip
 
@@ -1052,9 +1054,9 @@ class OpenCLBackend(TableBackend):
             a = self._input(p.a, [p.out], same_ok=True)
             b = self._input(p.b, [p.out], same_ok=True)
             y = self._at(p.out)
-            kernel = self._kernel("elementwise", f"binary_{p.op.value}")
+            kernel = self._kernel("elementwise", f"binary_{p.op.value}", EW=self._ew)
             self._launch(
-                kernel, (_ceil_div(p.n, _EW),), (self._elementwise_local(p.n),),
+                kernel, (_ceil_div(p.n, self._ew),), (self._elementwise_local(p.n),),
                 a.buffer, I64(a.offset), b.buffer, I64(b.offset), y.buffer, I64(y.offset), I64(p.n),
             )  # fmt: skip
 

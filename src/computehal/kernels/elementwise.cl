@@ -1,9 +1,9 @@
 /* Element-wise kernels: unary and binary float32 maps, and a fill.
  *
  * Every kernel takes element offsets for its pointers (pointers into the middle of an
- * allocation) and a count. One work-item handles EW consecutive elements (build parameter,
- * default 16) in a fixed-length inner loop that the compiler turns into vector code (no
- * alignment is assumed); the last work-item handles the ragged tail. Input and output may be
+ * allocation) and a count. One work-item handles EW consecutive elements (build parameter:
+ * 1, the default, for GPUs; 16 on CPU devices, where the fixed-length inner loop becomes
+ * vector code, no alignment assumed); the last work-item handles the ragged tail. Input and output may be
  * the same memory (each element is read before it is written, by the same work-item).
  * Comparisons are written out instead of calling fmax / fmin builtins: the semantics are
  * those of fmax / fmin (a NaN operand is ignored) and PoCL vectorises selects, not calls.
@@ -11,7 +11,7 @@
 #include "dialect.h"
 
 #ifndef EW
-#define EW 16
+#define EW 1
 #endif
 
 #define CHAL_UNARY(name, expr)                                                                   \

@@ -96,13 +96,10 @@ DEVICE float chal_group_reduce(LOCAL float* part, int op, float mine) {
     return r;
 }
 
-/* Rows of `length` contiguous elements; `chunks` work-groups share each row, group g folding
- * part g % chunks of row g / chunks into y[yo + g]. A second launch over those partials (as
- * rows of `chunks` elements, op SUM for MEAN's first pass) finishes a split row. MEAN divides
- * by `mean_len` (the full length), leaving 0 for an empty axis. */
-KERNEL void reduce_rows(GLOBAL const float* x, i64 xo, GLOBAL float* y, i64 yo, i64 length, int op, i64 chunks,
-                        i64 mean_len) {
-    SHARED float part[LS];
+/* Group g folds part g % chunks of row g / chunks (rows of `length` contiguous elements) into
+ * y[yo + g]; MEAN divides by `mean_len`, leaving 0 for an empty axis. */
+DEVICE void chal_reduce_rows(LOCAL float* part, GLOBAL const float* x, i64 xo, GLOBAL float* y, i64 yo,
+                             i64 length, int op, i64 chunks, i64 mean_len) {
     i64 g = GRP(0);
     i64 row = g / chunks;
     i64 span = (length + chunks - 1) / chunks;
@@ -112,6 +109,20 @@ KERNEL void reduce_rows(GLOBAL const float* x, i64 xo, GLOBAL float* y, i64 yo, 
     int kind = op == OP_MEAN ? OP_SUM : op;
     float r = chal_group_reduce(part, kind, chal_group_fold(src, start, end, kind));
     if (LID(0) == 0) y[yo + g] = (op == OP_MEAN && mean_len > 0) ? r / (float)mean_len : r;
+}
+
+/* One work-group per row of `length` contiguous elements (inner == 1). */
+KERNEL void reduce_rows(GLOBAL const float* x, i64 xo, GLOBAL float* y, i64 yo, i64 length, int op) {
+    SHARED float part[LS];
+    chal_reduce_rows(part, x, xo, y, yo, length, op, 1, length);
+}
+
+/* Long rows split across `chunks` work-groups each; a second reduce_rows_split launch over the
+ * partials (rows of `chunks` elements; op SUM for MEAN's first pass, mean_len = 0) finishes. */
+KERNEL void reduce_rows_split(GLOBAL const float* x, i64 xo, GLOBAL float* y, i64 yo, i64 length, int op,
+                              i64 chunks, i64 mean_len) {
+    SHARED float part[LS];
+    chal_reduce_rows(part, x, xo, y, yo, length, op, chunks, mean_len);
 }
 
 KERNEL void reduce_cols(GLOBAL const float* x, i64 xo, GLOBAL float* y, i64 yo, i64 outer, i64 length,
