@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import ml_dtypes
@@ -457,11 +457,11 @@ def special_tensor(shape: tuple[int, ...]) -> Array:
 def np_reduce(op: str, x: Array, axis: int) -> Array:
     x64 = x.astype(np.float64)
     if op == "sum":
-        return x64.sum(axis=axis)
+        return np.asarray(x64.sum(axis=axis))
     if op == "mean":
-        return x64.mean(axis=axis) if x.shape[axis] else x64.sum(axis=axis)
+        return np.asarray(x64.mean(axis=axis) if x.shape[axis] else x64.sum(axis=axis))
     fold = np.fmax if op == "max" else np.fmin
-    return fold.reduce(x64, axis=axis, initial=-np.inf if op == "max" else np.inf)
+    return np.asarray(fold.reduce(x64, axis=axis, initial=-np.inf if op == "max" else np.inf))
 
 
 @pytest.mark.parametrize("shape,axis", [((3, 300, 5), 1), ((3, 300, 5), 0), ((3, 300, 5), 2), ((4500,), 0),
@@ -664,7 +664,7 @@ def test_binding_limit_is_reported(be: Any) -> None:
 
 
 def test_only_backend_errors_escape(be: Any) -> None:
-    calls = [
+    calls: list[Callable[[], object]] = [
         lambda: be.gemm("X", "N", 1, 1, 1, 1.0, 1, 1, 1, 1, 0.0, 1, 1, dtype="float32"),
         lambda: be.unary("nope", 1, 1, 1),
         lambda: be.reduce("sum", 1, 1, "abc", 0),

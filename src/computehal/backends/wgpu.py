@@ -250,7 +250,9 @@ class WgpuBackend(TableBackend):
         info = adapter.info
         subgroup = 1
         if "subgroup" in features:
-            subgroup = int(_info_get(info, "subgroup_min_size", 0) or 0) or 1
+            # The smallest subgroup the adapter may run (wgpu-py 0.2x spells the key differently).
+            size = _info_get(info, "subgroup_min_size", None) or _info_get(info, "stackgroup_min_size", 0)
+            subgroup = int(size or 0) or 1
         adapter_type = str(_info_get(info, "adapter_type", "")).lower()
         return Capabilities(
             supports_fp16="shader-f16" in features,
@@ -330,6 +332,7 @@ class WgpuBackend(TableBackend):
             super().close()
             self._bind_groups.clear()
 
+    @guarded
     def synchronize(self) -> None:
         self._memory()
         with self._lock:
