@@ -30,10 +30,10 @@ ARCHES = ("sm_80", "sm_90")
 #: Build configurations per kernel file: the defines the backends pass (empty = defaults).
 CONFIGS: dict[str, list[dict[str, str]]] = {
     "gemm.cl": [
-        {"REAL": "float", "VW": "8", "NR": "4"},
-        {"REAL": "double", "VW": "4", "NR": "4", "USE_FP64": "1"},
+        {"REAL": "float", "VW": "8", "NR": "6"},
+        {"REAL": "double", "VW": "4", "NR": "6", "USE_FP64": "1"},
     ],
-    "conv.cl": [{"REAL": "float", "VW": "8", "NR": "4"}],
+    "conv.cl": [{"REAL": "float", "VW": "8", "NR": "6"}, {"REAL": "float", "VW": "8", "NR": "4"}],
     "attention.cl": [
         {"HD": "64", "BQ": "32", "BKV": "64", "VW": "8"},
         {"HD": "24", "BQ": "4", "BKV": "64", "VW": "8"},

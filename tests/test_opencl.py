@@ -226,11 +226,15 @@ def test_kernel_sources_are_package_files_in_the_dialect() -> None:
 
 
 def test_recommended_tile_is_the_kernel_tile(be: Any) -> None:
+    import computehal.backends.opencl as module
+
+    vw, nr = module._GEMM_TILE[np.dtype(np.float32)]
     tile = be.recommended_tile_for(1024, 1024, 1024)
     assert isinstance(tile, TileShape)
-    assert tile.tile_m == 16 and tile.tile_n % 4 == 0 and tile.tile_k == 1
+    assert tile.tile_m == 2 * vw and tile.tile_n % nr == 0 and tile.tile_k == 1
+    assert tile.tile_n // nr == be._walk(-(-1024 // (2 * vw)), -(-1024 // nr), 1)
     small = be.recommended_tile_for(5, 3, 7)
-    assert (small.tile_m, small.tile_n) == (16, 4)
+    assert (small.tile_m, small.tile_n) == (2 * vw, nr)
 
 
 # --------------------------------------------------------------------------- kernels

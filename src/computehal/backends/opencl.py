@@ -74,9 +74,9 @@ _OPS = frozenset(
 )
 
 #: GEMM micro-tile (see kernels/gemm_tile.h): VW-wide vectors, MR = 2 * VW rows, NR columns.
-_GEMM_TILE = {F32: (8, 4), F64: (4, 4)}
+_GEMM_TILE = {F32: (8, 6), F64: (4, 6)}
 #: Largest walk of NR-blocks one GEMM work-item makes along n.
-_MAX_NB = 32
+_MAX_NB = 24
 #: Upper bound for the packed A and B panels of one GEMM chunk, in bytes.
 _GEMM_SCRATCH = 256 << 20
 #: Upper bound for the packed-operand scratch of one convolution chunk, in bytes.
