@@ -93,6 +93,27 @@ def _parallel_ranges(total: int, fn: Callable[[int, int], None], grain: int = PA
         future.result()
 
 
+def _parallel_pull(count: int, worker: Callable[[Iterator[int]], None]) -> None:
+    """Run ``worker(items)`` on every worker thread; all share one iterator over ``range(count)``.
+
+    Each thread pulls the next index when it is free (CPython's GIL makes ``next`` on a
+    range iterator atomic), so a thread slowed by other processes simply takes fewer
+    items instead of holding everyone up at the end. ``worker`` sets up its per-thread
+    scratch once and then iterates ``items``.
+    """
+    items = iter(range(count))
+    parts = min(_workers(), count)
+    if parts <= 1:
+        worker(items)
+        return
+    futures = [_thread_pool().submit(worker, items) for _ in range(parts - 1)]
+    try:
+        worker(items)
+    finally:
+        for future in futures:
+            future.result()
+
+
 def _cpu_name() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
@@ -331,8 +352,13 @@ class CpuBackend(TableBackend):
         # matrix may alias an operand of another batch (then batch order matters).
         grain = max(1, BATCH_GRAIN_FLOPS // max(1, g.m * g.n * max(1, g.k)))
         if _workers() > 1 and p.batch_count >= 2 * grain and not (p.c.overlaps(p.a) or p.c.overlaps(p.b)):
+
+            def pull(items: Iterator[int]) -> None:
+                for j in items:
+                    run(j * grain, min(p.batch_count, (j + 1) * grain))
+
             with _single_threaded_blas():
-                _parallel_ranges(p.batch_count, run, grain=grain)
+                _parallel_pull(-(-p.batch_count // grain), pull)
         else:
             run(0, p.batch_count)
 
@@ -588,16 +614,17 @@ class CpuBackend(TableBackend):
         tasks = [(h, i0) for h in range(bh) for i0 in range(0, p.seq_q, self._block_q)]
         block_q, block_kv = min(self._block_q, p.seq_q), min(self._block_kv, p.seq_kv)
 
-        def run(start: int, stop: int) -> None:
+        def run(items: Iterator[int]) -> None:
             # Per-thread scratch, reused by every tile: scores of one query block against
             # one key block.
             scratch = np.empty(block_q * block_kv, dtype=F32)
             upper = np.arange(block_q)[None, :] >= np.arange(block_q)[:, None]
-            for h, i0 in tasks[start:stop]:
+            for t in items:
+                h, i0 = tasks[t]
                 self._attention_block(p, q[h], k[h], val[h], target[h], i0, scratch, upper)
 
         with _single_threaded_blas():
-            _parallel_ranges(len(tasks), run, grain=1)
+            _parallel_pull(len(tasks), run)
         if aliased:
             o[...] = target
 
@@ -872,14 +899,14 @@ def _conv_s1(images: FloatArray, taps: FloatArray, ph: int, pw: int, out: FloatA
     oh, ow = out.shape[2], out.shape[3]
     span = oh * wp
 
-    def run(start: int, stop: int) -> None:
+    def run(items: Iterator[int]) -> None:
         # Channels-last padded image with fw spare pixels for the last taps' overrun;
         # the borders stay zero, only the interior is rewritten per image.
         padded = np.zeros((hp * wp + fw, cin), dtype=F32)
         interior = padded[: hp * wp].reshape(hp, wp, cin)[ph : ph + h, pw : pw + w]
         wide = np.empty((span, kout), dtype=F32)
         base = padded.ctypes.data
-        for i in range(start, stop):
+        for i in items:
             interior[...] = images[i].transpose(1, 2, 0)
             first = True
             for r in range(fh):
@@ -895,9 +922,9 @@ def _conv_s1(images: FloatArray, taps: FloatArray, ph: int, pw: int, out: FloatA
 
     if n >= 2:
         with _single_threaded_blas():
-            _parallel_ranges(n, run, grain=1)
+            _parallel_pull(n, run)
     else:
-        run(0, n)
+        run(iter(range(n)))
 
 
 def _conv_s1_filter_grad(
@@ -916,19 +943,20 @@ def _conv_s1_filter_grad(
     k, oh, ow = grad.shape[1], grad.shape[2], grad.shape[3]
     hp, wp = h + 2 * ph, w + 2 * pw
     span = oh * wp
-    parts = min(_workers(), n)
-    partial = np.zeros((parts, fh, fw, k, c), dtype=F32)
-    finite = [True] * parts
+    partials: list[FloatArray] = []
+    finite = [True]
+    lock = threading.Lock()
 
-    def run(part: int) -> None:
-        start, stop = n * part // parts, n * (part + 1) // parts
+    def run(items: Iterator[int]) -> None:
         padded = np.empty(c * hp * wp + fw, dtype=F32)
         wide = np.zeros((k, oh, wp), dtype=F32)
-        acc = partial[part]
-        for i in range(start, stop):
+        acc = np.zeros((fh, fw, k, c), dtype=F32)
+        with lock:
+            partials.append(acc)
+        for i in items:
             _pad_flat(images[i], ph, pw, fw, padded)
             if not np.isfinite(padded).all():
-                finite[part] = False
+                finite[0] = False
                 return
             wide[:, :, :ow] = grad[i]
             base = padded.ctypes.data
@@ -941,17 +969,14 @@ def _conv_s1_filter_grad(
                         1.0, acc[r, s].ctypes.data, c,
                     )  # fmt: skip
 
-    if parts > 1:
+    if n >= 2:
         with _single_threaded_blas():
-            futures = [_thread_pool().submit(run, part) for part in range(1, parts)]
-            run(0)
-            for future in futures:
-                future.result()
+            _parallel_pull(n, run)
     else:
-        run(0)
-    if not all(finite):
+        run(iter(range(n)))
+    if not finite[0]:
         return False
-    np.sum(partial, axis=0, out=out)
+    np.sum(partials, axis=0, out=out)
     return True
 
 
