@@ -64,6 +64,13 @@ _SLOTS = 256
 _MAX_GROUPS = 65535
 #: GEMMs with at most this many elements of C per batch use one invocation per element.
 _SMALL_GEMM = 1024
+#: Reductions of at most this many slices, each at least _SPLIT_LENGTH long, run in two
+#: passes: chunks of >= _SPLIT_CHUNK elements (at most _SPLIT_MAX_CHUNKS per slice), then
+#: one workgroup per slice over the partial results.
+_SPLIT_SLICES = 256
+_SPLIT_LENGTH = 1 << 16
+_SPLIT_CHUNK = 4096
+_SPLIT_MAX_CHUNKS = 1024
 #: Bind groups kept in the cache before it is cleared.
 _BIND_GROUP_CACHE = 1024
 
@@ -90,6 +97,7 @@ _KERNELS: dict[str, tuple[str, int]] = {
     "attention": ("wgpu_attention.wgsl", 4),
     "reduce_thread": ("wgpu_reduce.wgsl", 2),
     "reduce_group": ("wgpu_reduce.wgsl", 2),
+    "reduce_partial": ("wgpu_reduce.wgsl", 2),
     "softmax_thread": ("wgpu_reduce.wgsl", 2),
     "softmax_group": ("wgpu_reduce.wgsl", 2),
     "gather": ("wgpu_rows.wgsl", 3),
@@ -860,7 +868,10 @@ class WgpuBackend(TableBackend):
         src = self._bind("input_ptr", p.input)
         in_place = name == "softmax"
         dst, copies = self._output("output_ptr", p.output, p.input, in_place_ok=in_place)
-        params = _pack(p.outer, p.length, p.inner, src.elem, dst.elem, op_code, slices)
+        if name == "reduce" and slices <= _SPLIT_SLICES and p.length >= _SPLIT_LENGTH:
+            self._split_reduce(p, op_code, src, dst, copies)
+            return
+        params = _pack(p.outer, p.length, p.inner, src.elem, dst.elem, op_code, slices, 0, p.length)
         # Few long slices: a workgroup per slice; otherwise an invocation per slice.
         if p.length >= 256 and (p.inner == 1 or slices < 4096):
             kernel = f"{name}_group"
@@ -872,6 +883,25 @@ class WgpuBackend(TableBackend):
             kernel = f"{name}_thread"
             grid = _grid_1d(slices, 256)
         self._run([_Step(kernel, params, (src, dst), grid)], copies)
+
+    def _split_reduce(
+        self, p: v.AxisProblem, op_code: int, src: _Binding, dst: _Binding, copies: list[_Copy]
+    ) -> None:
+        """Reduce few very long slices in two passes so that many workgroups share each slice."""
+        slices = p.outer * p.inner
+        chunk = max(_SPLIT_CHUNK, -(-p.length // _SPLIT_MAX_CHUNKS))
+        chunks = -(-p.length // chunk)
+        partial_op = 0 if op_code == _REDUCE_CODES[ReduceOp.MEAN] else op_code
+        temp = self._binding_of(
+            self._temporary(4 * slices * chunks, "computehal-partials"), 4 * slices * chunks
+        )
+        first = _pack(p.outer, p.length, p.inner, src.elem, 0, partial_op, slices, chunk, p.length)
+        second = _pack(slices, chunks, 1, 0, dst.elem, op_code, slices, 0, p.length)
+        steps = [
+            _Step("reduce_partial", first, (src, temp), (chunks, slices, 1)),
+            _Step("reduce_group", second, (temp, dst), (slices, 1, 1)),
+        ]
+        self._run(steps, copies)
 
     @guarded
     def reduce(self, op: Any, input_ptr: int, output_ptr: int, shape: Any, axis: int) -> None:

@@ -15,6 +15,8 @@ struct Params {
     out_off: u32,
     op: u32,
     slices: u32,
+    chunk: u32,
+    divisor: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -46,9 +48,11 @@ fn combine(op: u32, a: f32, b: f32) -> f32 {
     return a + b;
 }
 
+// MEAN divides by `divisor` (the axis length; for the second pass of a split reduction
+// the original axis length, not the number of partial results).
 fn finish(op: u32, value: f32) -> f32 {
-    if (op == 3u && P.length > 0u) {
-        return value / f32(P.length);
+    if (op == 3u && P.divisor > 0u) {
+        return value / f32(P.divisor);
     }
     return value;
 }
@@ -104,6 +108,33 @@ fn reduce_group(
     tree(P.op, lidx);
     if (lidx == 0u) {
         Y[P.out_off + slice] = finish(P.op, partial[0]);
+    }
+}
+
+// First pass of a reduction split across workgroups (few, very long slices): workgroup
+// (c, s) folds elements [c * chunk, (c + 1) * chunk) of slice s into Y[s * chunks + c].
+// The second pass is reduce_group over those partial results.
+@compute @workgroup_size(256)
+fn reduce_partial(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lidx: u32,
+) {
+    let c = wid.x;
+    let slice = wid.y;
+    let o = slice / P.inner;
+    let t = slice % P.inner;
+    let base = P.in_off + o * P.length * P.inner + t;
+    let lo = c * P.chunk;
+    let hi = min(lo + P.chunk, P.length);
+    var value = identity(P.op);
+    for (var l = lo + lidx; l < hi; l += WG) {
+        value = combine(P.op, value, X[base + l * P.inner]);
+    }
+    partial[lidx] = value;
+    tree(P.op, lidx);
+    if (lidx == 0u) {
+        Y[P.out_off + slice * nwg.x + c] = partial[0];
     }
 }
 
