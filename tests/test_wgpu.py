@@ -473,10 +473,10 @@ def np_reduce(op: str, x: Array, axis: int) -> Array:
         ((4500,), 0),
         ((2, 0, 3), 1),
         ((6, 1024), 1),
-        ((3, 70001), 1),
+        ((3, 70001), 1),  # few long slices: split across workgroups in two passes
         ((70001, 2), 0),
     ],
-)  # fmt: skip (last two: split in two passes)
+)
 @pytest.mark.parametrize("op", ["sum", "max", "min", "mean"])
 def test_reduce(be: Any, shape: tuple[int, ...], axis: int, op: str) -> None:
     x = special_tensor(shape) if np.prod(shape) > 12 else np.zeros(shape, F32)
