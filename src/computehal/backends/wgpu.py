@@ -11,10 +11,28 @@ shader in a uniform. Nothing is copied to reach an interior pointer.
 
 Every operation validates its arguments with :mod:`computehal.validation` (the same
 checks as :class:`~computehal.backends.cpu.CpuBackend`), then records WGSL compute
-dispatches and submits them. Shader modules, pipelines, bind group layouts and bind
-groups are created once and cached; per call only a small uniform block is written.
+dispatches; nothing is computed on the host. Shader modules, pipelines and bind group
+layouts are created once per kernel and cached, as are the bind groups of user
+buffers; per call only a 256-byte uniform slot is filled. Recorded work is submitted
+in batches (one queue submission for up to 256 dispatches), and always before the host
+can observe memory (``copy_htod`` / ``copy_dtoh``, ``free``, ``synchronize``). Where an
+output overlaps an input in a way the kernel cannot handle in place, the kernel writes
+a temporary buffer that a device-side copy then moves into place.
+
+Numerics: WGSL implementations may treat NaN and infinity loosely (``x != x`` can be
+folded to false, ``max`` / ``min`` need not honour NaN), so the kernels test NaN on the
+bit pattern and build infinities with ``bitcast``; ``tanh`` is evaluated with its own
+polynomial near zero. Mixed-precision GEMM rounds A and B to f16 / bf16 by bit
+manipulation of the f32 (round-to-nearest-even, overflow to infinity, NaN kept), which
+needs no ``shader-f16`` feature: WGSL's own f32 -> f16 conversion neither guarantees
+round-to-nearest-even nor infinity on overflow. ``capabilities().supports_fp16`` still
+reports the adapter's ``shader-f16`` feature.
+
 WGSL has no float64: ``gemm(dtype="float64")`` raises
 :class:`~computehal.UnsupportedError` and ``capabilities().supports_fp64`` is False.
+Operands larger than ``maxStorageBufferBindingSize`` raise
+:class:`~computehal.UnsupportedError`; allocations beyond ``maxBufferSize`` raise
+:class:`~computehal.OutOfMemoryError`.
 """
 
 from __future__ import annotations
