@@ -53,7 +53,7 @@ typedef uint u32;
 #define VLOAD(p) (*(GLOBAL const VEC_T*)(p))
 #define VEXP(x) exp(x)
 
-#elif defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#elif defined(__CUDACC__) || defined(__CUDACC_RTC__) || defined(__HIPCC__) || defined(__HIPCC_RTC__)
 
 #define KERNEL extern "C" __global__
 #define GLOBAL
