@@ -578,15 +578,19 @@ class WgpuBackend(TableBackend):
         with self._lock:
             for first in range(0, len(steps), _SLOTS):
                 chunk = steps[first : first + _SLOTS]
+                # Pipelines and bind groups first: a failure there leaves nothing half-recorded.
+                resolved = [
+                    (self._pipeline(st.kernel), self._bind_group(st.kernel, st.bindings)) for st in chunk
+                ]
                 if self._pending_slots + len(chunk) > _SLOTS:
                     self._flush()
                 compute = self._encoder().begin_compute_pass()
-                for step in chunk:
+                for step, (pipeline, group) in zip(chunk, resolved, strict=True):
                     offset = self._pending_slots * _SLOT
                     self._pending_params += step.params.ljust(_SLOT, b"\0")
                     self._pending_slots += 1
-                    compute.set_pipeline(self._pipeline(step.kernel))
-                    compute.set_bind_group(0, self._bind_group(step.kernel, step.bindings), [offset])
+                    compute.set_pipeline(pipeline)
+                    compute.set_bind_group(0, group, [offset])
                     compute.dispatch_workgroups(*step.grid)
                 compute.end()
             for c in copies or []:
