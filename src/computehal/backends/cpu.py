@@ -617,7 +617,7 @@ class CpuBackend(TableBackend):
         def run(items: Iterator[int]) -> None:
             # Per-thread scratch, reused by every tile: scores of one query block against
             # one key block.
-            scratch = np.empty(block_q * block_kv, dtype=F32)
+            scratch = np.empty(block_q * (block_kv + block_kv // 2 + 1), dtype=F32)
             upper = np.arange(block_q)[None, :] >= np.arange(block_q)[:, None]
             for t in items:
                 h, i0 = tasks[t]
@@ -658,8 +658,11 @@ class CpuBackend(TableBackend):
             open_end = max(0, min(kv_end, i0 + p.causal_offset + 1))
         else:
             kv_end = open_end = p.seq_kv
-        for j0 in range(0, kv_end, self._block_kv):
-            j1 = min(j0 + self._block_kv, kv_end)
+        # Equal chunks of at most 1.5 x block_kv keys: no thin remainder chunk, whose
+        # fixed per-chunk cost (a dozen NumPy calls) would outweigh its work.
+        chunks = max(1, (2 * kv_end + self._block_kv) // (2 * self._block_kv)) if kv_end else 0
+        bounds = [kv_end * c // max(1, chunks) for c in range(chunks + 1)]
+        for j0, j1 in zip(bounds[:-1], bounds[1:], strict=True):
             scores = scratch[: rows * (j1 - j0)].reshape(rows, j1 - j0)
             np.matmul(qs, k[j0:j1].T, out=scores)
             if j1 > open_end:
