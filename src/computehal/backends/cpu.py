@@ -2,9 +2,13 @@
 
 Pointers are real host addresses of 64-byte-aligned NumPy byte buffers. GEMMs call
 BLAS directly on the caller's memory with the caller's leading dimensions (no
-operand copies); convolutions are im2col + GEMM; attention is tiled with an online
-softmax; memory-bound operations split across a small thread pool (NumPy ufuncs
-release the GIL) so they use every core.
+operand copies); batched GEMMs split batches across threads. Stride-1 convolutions
+(forward and both gradients) are per-filter-tap GEMMs on the zero-padded image, with
+no im2col buffer; other strides use im2col + GEMM. Attention is tiled with an online
+softmax, parallel over (head, query block). Memory-bound operations split across a
+small thread pool (NumPy ufuncs release the GIL) so they use every core; multi-pass
+ones (softmax, sigmoid) work on cache-sized blocks. ``computehal bench``
+(:mod:`computehal.bench`) holds every operation against this machine's limits.
 """
 
 from __future__ import annotations
@@ -177,9 +181,12 @@ class CpuBackend(TableBackend):
 
     Parameters
     ----------
-    attention_block : int, optional
-        Rows of queries and keys processed per attention tile (default 256 queries,
-        1024 keys); memory stays O(block * (block + head_dim)) per thread.
+    attention_block_q : int, optional
+        Query rows per attention tile (default 256).
+    attention_block_kv : int, optional
+        Keys per attention tile (default 1024; the last chunk of a row may take up to
+        half as many again). Extra memory stays
+        O(block_q * (block_kv + head_dim)) per thread, whatever the sequence length.
     """
 
     def __init__(self, *, attention_block_q: int = 256, attention_block_kv: int = 1024) -> None:
