@@ -50,7 +50,7 @@ def as_count(name: str, value: object) -> int:
     if isinstance(value, bool):
         raise InvalidArgumentError(f"{name} must be an integer, got a bool")
     try:
-        count = operator.index(value)  # type: ignore[call-overload]
+        count = operator.index(value)  # type: ignore[arg-type]
     except TypeError:
         raise InvalidArgumentError(f"{name} must be an integer, got {type(value).__name__}") from None
     if count < 0:
@@ -65,7 +65,7 @@ def as_pointer(name: str, value: object) -> int:
     if isinstance(value, bool):
         raise InvalidArgumentError(f"{name} must be an integer pointer, got a bool")
     try:
-        ptr = operator.index(value)  # type: ignore[call-overload]
+        ptr = operator.index(value)  # type: ignore[arg-type]
     except TypeError:
         raise InvalidArgumentError(f"{name} must be an integer pointer, got {type(value).__name__}") from None
     if ptr == 0:
