@@ -106,7 +106,11 @@ def assert_close(
     *,
     dtype: Any = np.float32,
 ) -> float:
-    """Compare ``got`` with the exact ``want``; return the largest absolute error.
+    """Compare ``got`` with the exact ``want``; return the largest (mixed) error.
+
+    The returned figure is ``max(|got - want| / max(1, |want|))``: the absolute error
+    for entries of magnitude up to 1 and the relative error above, so a large ``exp``
+    result does not dominate the report. Tolerances are checked on the absolute error.
 
     ``want`` is first rounded to ``dtype`` (so a float64 value beyond the float32
     range is compared as the infinity float32 must produce). NaN must appear exactly
@@ -153,7 +157,8 @@ def assert_close(
             f"|error| {err.reshape(-1)[i]:.3g} > tolerance {t.reshape(-1)[i]:.3g} "
             f"({bad.size} of {w.size} entries out of tolerance, max error {err.max():.3g})"
         )
-    return float(err.max())
+    scaled = err / np.maximum(1.0, np.where(finite, np.abs(w), 1.0))
+    return float(scaled.max())
 
 
 def assert_bits_equal(what: str, got: npt.ArrayLike, want: npt.ArrayLike) -> None:
