@@ -55,8 +55,8 @@ class CaseResult:
     passed : bool
         True when the case ran without a mismatch.
     max_error : float
-        Largest absolute error seen (0.0 for exact and error-path checks; NaN if the
-        case did not finish).
+        Largest error seen, absolute for expected values of magnitude <= 1 and relative
+        above (0.0 for exact and error-path checks; NaN if the case did not finish).
     seconds : float
         Wall time of the case.
     message : str
