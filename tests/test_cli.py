@@ -63,7 +63,8 @@ def test_devices_lists_every_backend(capsys: pytest.CaptureFixture[str]) -> None
     assert table["level_zero"][2] == "unavailable" and "no level_zero backend" in table["level_zero"][4]
     assert "capabilities: " in out and "fp64" in out
     assert "auto() would choose: " in out
-    assert out.rstrip().endswith("cpu")  # the fallback chain ends with the CPU
+    tried = out.split("it tries, in order: ")[1].splitlines()[0].split(" -> ")
+    assert "cpu" in tried and tried[0] == out.split("auto() would choose: ")[1].split(";")[0]
 
 
 def test_devices_without_gpu_dependencies_shows_import_errors(
@@ -80,7 +81,7 @@ def test_devices_without_gpu_dependencies_shows_import_errors(
         if not entry.available:
             assert entry.reason in out  # the full reason, e.g. the ImportError text
     assert "auto() would choose: cpu" in out
-    assert "fallback chain: cpu" in out
+    assert "it tries, in order: cpu\n" in out
 
 
 def test_devices_json(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
@@ -90,7 +91,7 @@ def test_devices_json(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFix
     kinds = {b["kind"]: b for b in data["backends"]}
     assert kinds["cpu"]["available"] and kinds["cpu"]["devices"][0]["ordinal"] == 0
     assert not kinds["opencl"]["available"] and kinds["opencl"]["reason"]
-    assert data["auto"] == "cpu" and data["fallback_chain"] == ["cpu"]
+    assert data["auto"] == "cpu" and data["fallback_chain"] == ["cpu"] and data["auto_order"] == ["cpu"]
 
 
 # ---------------------------------------------------------------------- check (with a stand-in kit)

@@ -116,6 +116,14 @@ def _device_line(device: DeviceInfo) -> str:
 # ---------------------------------------------------------------------- devices
 
 
+def _auto_order(report: ProbeReport) -> list[BackendKind]:
+    """The backends :func:`computehal.auto` tries, in order (the CPU always among them)."""
+    order = report.available_kinds()
+    if BackendKind.CPU not in order:
+        order.append(BackendKind.CPU)
+    return order
+
+
 def _devices(args: argparse.Namespace, out: TextIO) -> int:
     report = probe(refresh=args.refresh)
     if args.json:
@@ -126,6 +134,8 @@ def _devices(args: argparse.Namespace, out: TextIO) -> int:
     for entry in report.entries:
         status = "available" if entry.available else "unavailable"
         detail = entry.target if entry.available else entry.reason
+        if entry.on_host_cpu:
+            detail += " (its only device is this host's CPU: ranked below cpu)"
         rows.append((entry.kind.value, entry.priority, status, len(entry.devices), detail))
     out.write(format_table(("BACKEND", "PRIORITY", "STATUS", "DEVICES", "DETAIL"), rows) + "\n")
     for entry in report.entries:
@@ -138,10 +148,9 @@ def _devices(args: argparse.Namespace, out: TextIO) -> int:
                 out.write(f"    capabilities: {describe_capabilities(device.capabilities)}\n")
         if entry.capabilities is not None:
             out.write(f"  capabilities: {describe_capabilities(entry.capabilities)}\n")
-    registry = report.registry()
-    best = registry.select_best()
-    out.write(f"\nauto() would choose: {best.value}; fallback chain: ")
-    out.write(" -> ".join(kind.value for kind in registry.fallback_chain()) + "\n")
+    order = _auto_order(report)
+    out.write(f"\nauto() would choose: {order[0].value}; it tries, in order: ")
+    out.write(" -> ".join(kind.value for kind in order) + "\n")
     override = os.environ.get(ENV_VAR, "").strip()
     if override and override.lower() != "auto":
         out.write(f"{ENV_VAR}={override} overrides that choice\n")
@@ -182,6 +191,7 @@ def _report_json(report: ProbeReport) -> dict[str, Any]:
         "backends": [entry(e) for e in report.entries],
         "auto": registry.select_best().value,
         "fallback_chain": [kind.value for kind in registry.fallback_chain()],
+        "auto_order": [kind.value for kind in _auto_order(report)],
     }
 
 
