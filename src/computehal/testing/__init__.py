@@ -211,12 +211,13 @@ def run_conformance(
     ops: Iterable[str] | None = None,
     progress: Callable[[CaseResult], object] | None = None,
 ) -> ConformanceReport:
-    """Run the conformance kit on an initialised backend.
+    """Run the conformance kit on a backend (initialising it first if needed).
 
     Parameters
     ----------
     backend : ComputeBackend
-        The backend under test; :meth:`~ComputeBackend.init` must have been called.
+        The backend under test; :meth:`~ComputeBackend.init` is called when
+        :meth:`~ComputeBackend.is_initialized` is False.
     ops : iterable of str, optional
         Only run the cases of these ops (names from :data:`OPS`); all by default.
     progress : callable, optional
@@ -232,6 +233,8 @@ def run_conformance(
     ValueError
         If ``ops`` names an op the kit does not know.
     """
+    if not backend.is_initialized():
+        backend.init()
     cases = conformance_cases(backend)
     if ops is not None:
         wanted = set(ops)
