@@ -14,6 +14,7 @@ ones (softmax, sigmoid) work on cache-sized blocks. ``computehal bench``
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import platform
 import threading
@@ -42,6 +43,8 @@ from ._blas import gemm_at
 
 __all__ = ["CpuBackend"]
 
+_log = logging.getLogger(__name__)
+
 F32 = np.dtype(np.float32)
 FloatArray = npt.NDArray[np.floating[Any]]
 
@@ -68,7 +71,50 @@ _OPS = frozenset(
     }
 )
 
+#: Element-wise and axis problems below this many elements stay on NumPy (no kernel dispatch).
+KERNEL_THRESHOLD = 1 << 12
+#: Columns per cache-resident panel of the compiled axis-0 softmax.
+SOFTMAX_COLUMN_BLOCK = 64
+
 _pool: ThreadPoolExecutor | None = None
+_kernels_lock = threading.Lock()
+_kernels_module: Any = None
+
+
+def _kernels() -> Any:
+    """The compiled kernels (:mod:`._cpu_kernels`), or ``None`` where numba is unusable.
+
+    Loaded once, on the first call that can use them; every kernel is compiled (or read
+    from numba's cache) right then, so a numba that cannot compile is found here and
+    the backend keeps its NumPy paths. ``COMPUTEHAL_CPU_KERNELS=0`` turns them off.
+    """
+    global _kernels_module
+    if _kernels_module is None:
+        with _kernels_lock:
+            if _kernels_module is None:
+                _kernels_module = _load_kernels()
+    return _kernels_module or None
+
+
+def _load_kernels() -> Any:
+    if os.environ.get("COMPUTEHAL_CPU_KERNELS", "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    try:
+        from . import _cpu_kernels as kernels
+
+        x = np.zeros(4, dtype=F32)
+        rows = np.zeros((2, 4), dtype=F32)
+        for fn in (kernels.exp_into, kernels.log_into, kernels.tanh_into, kernels.sigmoid_into):
+            fn(x, x)
+        kernels.softmax_rows(rows, rows)
+        kernels.softmax_columns(rows, rows, 0, 4, 2)
+        kernels.extreme_columns(rows, x, 0, 4, True)
+        kernels.extreme_columns(rows, x, 0, 4, False)
+        kernels.exp_shifted_rowsum(rows, x[:2], x[2:])
+    except Exception as exc:  # numba missing, or unable to compile here: NumPy paths stay
+        _log.debug("computehal: compiled CPU kernels unavailable, using NumPy (%r)", exc)
+        return False
+    return kernels
 
 
 @functools.cache
@@ -165,6 +211,14 @@ def _sigmoid(x: FloatArray, out: FloatArray) -> None:
 
 
 _UNARY[UnaryOp.SIGMOID] = _sigmoid
+
+#: Unary ops with a compiled kernel (attribute of :mod:`._cpu_kernels`).
+_UNARY_KERNELS = {
+    UnaryOp.EXP: "exp_into",
+    UnaryOp.LOG: "log_into",
+    UnaryOp.TANH: "tanh_into",
+    UnaryOp.SIGMOID: "sigmoid_into",
+}
 
 _BINARY: dict[BinaryOp, Callable[..., object]] = {
     BinaryOp.ADD: np.add,
@@ -658,6 +712,8 @@ class CpuBackend(TableBackend):
         qs = q[i0:i1] * np.float32(p.scale)
         row_max = np.full(rows, -np.inf, dtype=F32)
         row_sum = np.zeros(rows, dtype=F32)
+        kernels = _kernels()
+        block_sum = np.empty(rows, dtype=F32)
         acc = np.zeros((rows, p.head_dim), dtype=F32)
         if p.causal:
             # Row i sees key j iff j <= i + offset.
@@ -686,11 +742,15 @@ class CpuBackend(TableBackend):
             new_max = np.maximum(row_max, block_max)
             # Rows that have seen no key yet keep a finite reference so exp() gives 0.
             safe_max = np.where(np.isneginf(new_max), np.float32(0), new_max)
-            np.subtract(scores, safe_max[:, None], out=scores)
-            np.exp(scores, out=scores)
             correction = np.exp(row_max - safe_max)
             row_sum *= correction
-            row_sum += np.add.reduce(scores, axis=1)
+            if kernels is not None:
+                kernels.exp_shifted_rowsum(scores, safe_max, block_sum)
+                row_sum += block_sum
+            else:
+                np.subtract(scores, safe_max[:, None], out=scores)
+                np.exp(scores, out=scores)
+                row_sum += np.add.reduce(scores, axis=1)
             acc *= correction[:, None]
             acc += scores @ val[j0:j1]
             row_max = new_max
@@ -709,6 +769,28 @@ class CpuBackend(TableBackend):
         x = self._array(p.input, (p.outer, p.length, p.inner))
         aliased = p.output.overlaps(p.input)
         target = np.empty_like(out) if aliased else out
+        if (
+            p.op in (ReduceOp.MAX, ReduceOp.MIN)
+            and p.inner >= 64
+            and x.size >= KERNEL_THRESHOLD
+            and (kernels := _kernels()) is not None
+        ):
+            # Strided axis: each thread folds whole rows of a column range into an
+            # L1-resident accumulator (NumPy's fmax.reduce along axis 0 runs below bandwidth).
+            width = max(64, -(-p.inner // _workers()))
+            largest = p.op is ReduceOp.MAX
+            panels = [
+                (o, c0, min(p.inner, c0 + width)) for o in range(p.outer) for c0 in range(0, p.inner, width)
+            ]
+
+            def run_panels(start: int, stop: int) -> None:
+                for o, c0, c1 in panels[start:stop]:
+                    kernels.extreme_columns(x[o], target[o, c0:c1], c0, c1, largest)
+
+            _parallel_ranges(len(panels), run_panels, grain=max(1, PARALLEL_THRESHOLD // (p.length * width)))
+            if aliased:
+                out[...] = target
+            return
 
         def run(start: int, stop: int) -> None:
             self._reduce_rows(p, x[start:stop], target[start:stop])
@@ -731,9 +813,10 @@ class CpuBackend(TableBackend):
         elif p.op is ReduceOp.MIN:
             np.fmin.reduce(x, axis=1, initial=np.inf, out=out)
         else:
-            np.add.reduce(x, axis=1, out=out)
-            if p.op is ReduceOp.MEAN and p.length:
-                np.divide(out, np.float32(p.length), out=out)
+            with np.errstate(invalid="ignore", over="ignore"):
+                np.add.reduce(x, axis=1, out=out)
+                if p.op is ReduceOp.MEAN and p.length:
+                    np.divide(out, np.float32(p.length), out=out)
 
     @guarded
     def softmax(self, input_ptr: int, output_ptr: int, shape: Any, axis: int) -> None:
@@ -745,6 +828,10 @@ class CpuBackend(TableBackend):
         same = p.input.offset == p.output.offset and p.input.allocation is p.output.allocation
         if p.output.overlaps(p.input) and not same:
             x = x.copy()
+        kernels = _kernels() if x.size >= KERNEL_THRESHOLD else None
+        if kernels is not None:
+            self._softmax_compiled(kernels, p, x, out)
+            return
 
         if p.inner == 1 or p.length * p.inner <= AXIS_BLOCK:
             # Cache-sized blocks of whole slices: every pass of _softmax_slices over a
@@ -770,13 +857,45 @@ class CpuBackend(TableBackend):
 
         _parallel_ranges(len(panels), run_panels, grain=max(1, PARALLEL_THRESHOLD // (p.length * width)))
 
+    @staticmethod
+    def _softmax_compiled(kernels: Any, p: v.AxisProblem, x: FloatArray, out: FloatArray) -> None:
+        """Softmax with the compiled fused kernels (``out`` may be ``x``, or not overlap it)."""
+        if p.inner == 1:
+            rows_x = x.reshape(p.outer, p.length)
+            rows_out = out.reshape(p.outer, p.length)
+
+            def run_rows(start: int, stop: int) -> None:
+                kernels.softmax_rows(rows_x[start:stop], rows_out[start:stop])
+
+            _parallel_ranges(p.outer, run_rows, grain=max(1, PARALLEL_THRESHOLD // p.length))
+            return
+        # Strided axis: panels of columns; each thread takes whole column ranges.
+        block = SOFTMAX_COLUMN_BLOCK
+        panels = [
+            (o, c0, min(p.inner, c0 + block)) for o in range(p.outer) for c0 in range(0, p.inner, block)
+        ]
+
+        def run_panels(start: int, stop: int) -> None:
+            for o, c0, c1 in panels[start:stop]:
+                kernels.softmax_columns(x[o], out[o], c0, c1, block)
+
+        _parallel_ranges(len(panels), run_panels, grain=max(1, PARALLEL_THRESHOLD // (p.length * block)))
+
     # ------------------------------------------------------------------ element-wise
 
-    def _elementwise(self, p: v.ElementwiseProblem, apply: Callable[..., object], block: int = 0) -> None:
+    def _elementwise(
+        self,
+        p: v.ElementwiseProblem,
+        apply: Callable[..., object],
+        block: int = 0,
+        kernel: Callable[[FloatArray, FloatArray], None] | None = None,
+    ) -> None:
         """Run ``apply(*inputs, out=out)`` over the problem, split across threads when large.
 
         ``block`` > 0 also cuts each thread's range into blocks of that many elements, so
         that multi-pass operations (sigmoid) run every pass on cache-resident data.
+        ``kernel(x, out)``, a compiled unary kernel, replaces ``apply`` on problems of at
+        least ``KERNEL_THRESHOLD`` elements whose output does not partly overlap the input.
         """
         n = p.n
         if n == 0:
@@ -797,6 +916,14 @@ class CpuBackend(TableBackend):
             with np.errstate(all="ignore"):
                 apply(*operands, out=out)
             return
+        if kernel is not None and n >= KERNEL_THRESHOLD:
+            compiled = kernel
+
+            def run_kernel(start: int, stop: int) -> None:
+                compiled(a[start:stop], out[start:stop])
+
+            _parallel_ranges(n, run_kernel)
+            return
         step = block if block > 0 else n
 
         def run(start: int, stop: int) -> None:
@@ -811,7 +938,10 @@ class CpuBackend(TableBackend):
     def unary(self, op: Any, input_ptr: int, output_ptr: int, n: int) -> None:
         p = v.unary_problem(self._memory(), op, input_ptr, output_ptr, n)
         assert isinstance(p.op, UnaryOp)
-        self._elementwise(p, _UNARY[p.op], block=AXIS_BLOCK if p.op is UnaryOp.SIGMOID else 0)
+        kernel = None
+        if p.op in _UNARY_KERNELS and p.n >= KERNEL_THRESHOLD and (kernels := _kernels()) is not None:
+            kernel = getattr(kernels, _UNARY_KERNELS[p.op])
+        self._elementwise(p, _UNARY[p.op], block=AXIS_BLOCK if p.op is UnaryOp.SIGMOID else 0, kernel=kernel)
 
     @guarded
     def binary(self, op: Any, a_ptr: int, b_ptr: int, output_ptr: int, n: int) -> None:
