@@ -85,6 +85,10 @@ _CONV_SCRATCH = 64 << 20
 _REDUCE_LS = 64
 #: Query rows per attention work-group (work-group kernel, GPUs).
 _ATTN_BQ = 32
+#: Bytes of private row state (query and accumulator, 8 * head_dim bytes per query row) that
+#: one attention work-group may hold: PoCL keeps the private arrays of every work-item of a
+#: group on one thread's stack, which overflowed (a segfault) at head_dim 32768 with 32 rows.
+_ATTN_PRIVATE = 1 << 20
 #: Query rows per work-item of the vector attention kernel (CPU devices), and its largest head_dim.
 _VEC_ATTN_BQ = 16
 _VEC_ATTN_MAX_DIM = 256
@@ -952,7 +956,7 @@ class OpenCLBackend(TableBackend):
                     f"attention with head_dim {p.head_dim}: the device's {self._local_mem} bytes of local "
                     "memory cannot hold one key and value row"
                 )
-            bq = min(_ATTN_BQ, self._max_wg)
+            bq = max(1, min(_ATTN_BQ, self._max_wg, _ATTN_PRIVATE // (8 * p.head_dim)))
             kernel = self._kernel("attention", "attention_fwd", HD=p.head_dim, BQ=bq, BKV=bkv)
             self._launch(
                 kernel, (_round_up(p.seq_q, bq), p.batch * p.heads), (bq, 1),
