@@ -390,6 +390,13 @@ def conv_problem(
         raise InvalidArgumentError(f"output batch {yn} does not match input batch {n}")
     if yk != k:
         raise InvalidArgumentError(f"output has {yk} channels but the filter has K = {k}")
+    if max(sh, sw, h + 2 * ph, w + 2 * pw) > BLAS_INT_MAX:
+        # Kernels index images with 32-bit integers (wgpu packs every parameter as u32):
+        # larger values would wrap and silently read the wrong pixels.
+        raise InvalidArgumentError(
+            f"stride [{sh}, {sw}] and padded input {h + 2 * ph}x{w + 2 * pw} must not exceed "
+            f"{BLAS_INT_MAX} (32-bit kernel indices)"
+        )
     if h + 2 * ph < fh or w + 2 * pw < fw:
         raise InvalidArgumentError(
             f"padded input {h + 2 * ph}x{w + 2 * pw} is smaller than the filter {fh}x{fw}"
