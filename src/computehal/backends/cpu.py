@@ -320,6 +320,19 @@ class CpuBackend(TableBackend):
         """BLAS quick return for k == 0 or alpha == 0: C = beta * C (write-only if beta == 0)."""
         gemm_at(p.dtype, False, False, p.m, p.n, 0, 0.0, c_ptr, max(1, p.m), c_ptr, 1, p.beta, c_ptr, p.ldc)
 
+    @classmethod
+    def _unaliased(cls, operand: Region, out: Region) -> tuple[int, Any]:
+        """The address to read ``operand`` from: itself, or a copy when ``out`` overlaps it.
+
+        BLAS leaves overlapping operands undefined (and the GPU backends read inputs as they
+        were before the call), so an A or B that C overlaps is copied aside first. The copy is
+        returned too, to keep it alive during the call.
+        """
+        if not out.overlaps(operand):
+            return operand.ptr, None
+        copy = cls._bytes(operand).copy()
+        return int(copy.ctypes.data), copy
+
     @staticmethod
     def _run_gemm(p: v.GemmProblem, a: int, b: int, c: int) -> None:
         if p.empty:
@@ -351,7 +364,9 @@ class CpuBackend(TableBackend):
         p = v.gemm_problem(
             self._memory(), trans_a, trans_b, m, n, k, alpha, a_ptr, lda, b_ptr, ldb, beta, c_ptr, ldc, dtype
         )
-        self._run_gemm(p, p.a.ptr, p.b.ptr, p.c.ptr)
+        (a, keep_a), (b, keep_b) = self._unaliased(p.a, p.c), self._unaliased(p.b, p.c)
+        self._run_gemm(p, a, b, p.c.ptr)
+        del keep_a, keep_b
 
     @guarded
     def batched_gemm(
@@ -401,7 +416,7 @@ class CpuBackend(TableBackend):
             return
         g = p.gemm
         size = g.dtype.itemsize
-        a0, b0, c0 = p.a.ptr, p.b.ptr, p.c.ptr
+        (a0, keep_a), (b0, keep_b), c0 = self._unaliased(p.a, p.c), self._unaliased(p.b, p.c), p.c.ptr
 
         def run(start: int, stop: int) -> None:
             for i in range(start, stop):
@@ -422,6 +437,7 @@ class CpuBackend(TableBackend):
                 _parallel_pull(-(-p.batch_count // grain), pull)
         else:
             run(0, p.batch_count)
+        del keep_a, keep_b
 
     @guarded
     def gemm_mixed_precision(
