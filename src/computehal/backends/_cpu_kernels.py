@@ -44,7 +44,7 @@ __all__ = [
     "extreme_columns",
 ]
 
-_jit = numba.njit(nogil=True, cache=True, fastmath=False, error_model="numpy")
+_jit = numba.njit(nogil=True, cache=True, fastmath={"contract"}, error_model="numpy")
 
 
 @intrinsic
@@ -122,6 +122,23 @@ def _exp(x: float) -> float:
     return p * s1 * s2
 
 
+_TANH_CLAMP = _F(9.5)  # tanh(x) rounds to +-1 in float32 for |x| > 9.01
+
+
+@_jit  # type: ignore[misc]
+def _exp_small(a: float) -> float:
+    """exp(2a) for 0 <= a <= 9.5, or NaN: the result stays normal, so one exponent scale suffices."""
+    xc = a + a
+    t = xc * _LOG2E + _ROUND
+    nf = t - _ROUND
+    n = _as_int(t) - _ROUND_BITS
+    r = xc - nf * _LN2_HI
+    r = r - nf * _LN2_LO
+    z = r * r
+    p = (((((_E5 * r + _E4) * r + _E3) * r + _E2) * r + _E1) * r + _E0) * z + r + _ONE
+    return p * _as_float((n + 127) << 23)
+
+
 # log: x = m 2**e with m in [sqrt(1/2), sqrt(2)); log(x) = e ln2 + log1p(m - 1) (Cephes logf).
 _SQRTH = _F(0.707106781186547524)
 _L0 = _F(7.0376836292e-2)
@@ -179,7 +196,8 @@ def _tanh(x: float) -> float:
     a = abs(x)
     z = x * x
     small = ((((_T0 * z + _T1) * z + _T2) * z + _T3) * z + _T4) * z * x + x
-    big = _ONE - _TWO / (_exp(a + a) + _ONE)
+    ac = _TANH_CLAMP if a > _TANH_CLAMP else a  # NaN passes
+    big = _ONE - _TWO / (_exp_small(ac) + _ONE)
     big = -big if x < _ZERO else big
     return small if a < _TANH_SMALL else big
 
@@ -225,32 +243,26 @@ _KEY_MASK = _I(0x7FFFFFFF)
 
 @_jit  # type: ignore[misc]
 def _row_max(row: Any) -> float:
-    """The largest value of a row by its order-preserving integer key (vectorises).
+    """The largest value of a row, by an order-preserving integer key (an integer max vectorises).
 
-    Exact for rows without NaN. A NaN may or may not be picked, which does not matter
-    to softmax: a NaN anywhere in a slice makes the whole slice NaN through the sum.
+    Exact for rows without NaN (-0 and +0 may come out either way, which no caller
+    can tell apart). A NaN with its sign bit clear is the largest key and is returned;
+    one with the sign bit set is the smallest and is passed over.
     """
     best = _I(-2147483648)
     for i in range(row.shape[0]):
         bits = _as_int(row[i])
-        key = bits ^ ((bits >> 31) & _KEY_MASK)
-        best = key if key > best else best
+        best = max(best, bits ^ ((bits >> 31) & _KEY_MASK))
     return _as_float(best ^ ((best >> 31) & _KEY_MASK))
 
 
-@_jit  # type: ignore[misc]
+# Reassociation only lets LLVM keep several partial sums (a vector of them); nothing
+# else in this function could change under it.
+@numba.njit(nogil=True, cache=True, fastmath={"contract", "reassoc"}, error_model="numpy")  # type: ignore[misc]
 def _row_sum(row: Any) -> float:
-    """Sum of a row with 16 interleaved partial sums (vectorises without reassociation flags)."""
-    n = row.shape[0]
-    acc = np.zeros(16, dtype=np.float32)
-    full = n - n % 16
-    for i in range(0, full, 16):
-        for j in range(16):
-            acc[j] += row[i + j]
+    """Sum of a float32 row, accumulated in interleaved float32 partial sums."""
     total = _ZERO
-    for j in range(16):
-        total += acc[j]
-    for i in range(full, n):
+    for i in range(row.shape[0]):
         total += row[i]
     return total
 
@@ -268,8 +280,8 @@ def softmax_rows(x: Any, out: Any) -> None:
         dst = out[r]
         peak = _row_max(src)
         if peak != peak:
-            # A positive NaN is the integer maximum: the whole row is NaN (x - NaN).
-            for i in range(src.shape[0]):
+            # A NaN in the row: the reference (x - max, exp, sum) makes every entry NaN.
+            for i in range(dst.shape[0]):
                 dst[i] = _NAN
             continue
         for i in range(src.shape[0]):
@@ -280,43 +292,35 @@ def softmax_rows(x: Any, out: Any) -> None:
 
 
 @_jit  # type: ignore[misc]
-def softmax_columns(x: Any, out: Any, c_lo: int, c_hi: int, block: int) -> None:
+def softmax_columns(x: Any, out: Any, c_lo: int, c_hi: int) -> None:
     """Softmax along axis 0 of columns ``[c_lo, c_hi)`` of C-contiguous float32 ``[length, width]`` arrays.
 
-    ``out`` may be ``x``. Columns are taken ``block`` at a time, so the panel
-    ``[length, block]`` of ``x`` and ``out`` stays in cache across the three passes
-    (maximum, exp and sum, division); every inner loop runs along a contiguous row
-    segment. NaN semantics match the row kernel (NaN ignored in the maximum, then
-    poisoning the column through its sum).
+    ``out`` may be ``x``. Three passes down the rows, each inner loop running along a
+    contiguous row segment: the column maxima; ``exp(x - max)`` written to ``out`` and
+    added (in float64) to the column sums while the row is in L1; the division.
+    NaN semantics match NumPy's three-pass form: NaN is ignored in the maximum and
+    then makes its column NaN through the sum; a +inf or an all -inf column gives NaN.
     """
     length = x.shape[0]
-    peak = np.empty(block, dtype=np.float32)
-    # Column sums run down thousands of rows one by one: float64 keeps them exact enough.
-    total = np.empty(block, dtype=np.float64)
-    scale = np.empty(block, dtype=np.float32)
-    for c0 in range(c_lo, c_hi, block):
-        w = min(c_hi, c0 + block) - c0
+    w = c_hi - c_lo
+    peak = np.full(w, -_INF, dtype=np.float32)
+    total = np.zeros(w, dtype=np.float64)
+    for r in range(length):
+        src = x[r, c_lo:c_hi]
         for j in range(w):
-            peak[j] = -_INF
-            total[j] = 0.0
-        for r in range(length):
-            src = x[r, c0 : c0 + w]
-            for j in range(w):
-                v = src[j]
-                peak[j] = v if v > peak[j] else peak[j]
-        for r in range(length):
-            src = x[r, c0 : c0 + w]
-            dst = out[r, c0 : c0 + w]
-            for j in range(w):
-                e = _exp(src[j] - peak[j])
-                dst[j] = e
-                total[j] += e
+            peak[j] = np.fmax(peak[j], src[j])
+    for r in range(length):
+        src = x[r, c_lo:c_hi]
+        dst = out[r, c_lo:c_hi]
         for j in range(w):
-            scale[j] = np.float32(total[j])
-        for r in range(length):
-            dst = out[r, c0 : c0 + w]
-            for j in range(w):
-                dst[j] = dst[j] / scale[j]
+            dst[j] = _exp(src[j] - peak[j])
+        for j in range(w):
+            total[j] += dst[j]
+    scale = total.astype(np.float32)
+    for r in range(length):
+        dst = out[r, c_lo:c_hi]
+        for j in range(w):
+            dst[j] = dst[j] / scale[j]
 
 
 @_jit  # type: ignore[misc]
@@ -336,12 +340,10 @@ def extreme_columns(x: Any, out: Any, c_lo: int, c_hi: int, largest: bool) -> No
         src = x[r, c_lo:c_hi]
         if largest:
             for j in range(w):
-                v = src[j]
-                out[j] = v if v > out[j] else out[j]
+                out[j] = np.fmax(out[j], src[j])
         else:
             for j in range(w):
-                v = src[j]
-                out[j] = v if v < out[j] else out[j]
+                out[j] = np.fmin(out[j], src[j])
 
 
 @_jit  # type: ignore[misc]

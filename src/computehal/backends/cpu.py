@@ -73,8 +73,6 @@ _OPS = frozenset(
 
 #: Element-wise and axis problems below this many elements stay on NumPy (no kernel dispatch).
 KERNEL_THRESHOLD = 1 << 12
-#: Columns per cache-resident panel of the compiled axis-0 softmax.
-SOFTMAX_COLUMN_BLOCK = 64
 
 _pool: ThreadPoolExecutor | None = None
 _kernels_lock = threading.Lock()
@@ -107,7 +105,7 @@ def _load_kernels() -> Any:
         for fn in (kernels.exp_into, kernels.log_into, kernels.tanh_into, kernels.sigmoid_into):
             fn(x, x)
         kernels.softmax_rows(rows, rows)
-        kernels.softmax_columns(rows, rows, 0, 4, 2)
+        kernels.softmax_columns(rows, rows, 0, 4)
         kernels.extreme_columns(rows, x, 0, 4, True)
         kernels.extreme_columns(rows, x, 0, 4, False)
         kernels.exp_shifted_rowsum(rows, x[:2], x[2:])
@@ -885,17 +883,18 @@ class CpuBackend(TableBackend):
 
             _parallel_ranges(p.outer, run_rows, grain=max(1, PARALLEL_THRESHOLD // p.length))
             return
-        # Strided axis: panels of columns; each thread takes whole column ranges.
-        block = SOFTMAX_COLUMN_BLOCK
+        # Strided axis: each thread takes whole column ranges of an outer slice (see
+        # softmax_columns); wide ranges keep the inner loops long.
+        width = max(64, -(-p.inner // _workers()))
         panels = [
-            (o, c0, min(p.inner, c0 + block)) for o in range(p.outer) for c0 in range(0, p.inner, block)
+            (o, c0, min(p.inner, c0 + width)) for o in range(p.outer) for c0 in range(0, p.inner, width)
         ]
 
         def run_panels(start: int, stop: int) -> None:
             for o, c0, c1 in panels[start:stop]:
-                kernels.softmax_columns(x[o], out[o], c0, c1, block)
+                kernels.softmax_columns(x[o], out[o], c0, c1)
 
-        _parallel_ranges(len(panels), run_panels, grain=max(1, PARALLEL_THRESHOLD // (p.length * block)))
+        _parallel_ranges(len(panels), run_panels, grain=max(1, PARALLEL_THRESHOLD // (p.length * width)))
 
     # ------------------------------------------------------------------ element-wise
 
