@@ -91,6 +91,15 @@ _SPLIT_CHUNK = 4096
 _SPLIT_MAX_CHUNKS = 1024
 #: Bind groups kept in the cache before it is cleared.
 _BIND_GROUP_CACHE = 1024
+#: Mesa's llvmpipe (lavapipe) ends every loop of a shader invocation once 65535 loop
+#: iterations have run in total, counted over all loops of the invocation together
+#: (LP_MAX_TGSI_LOOP_ITERATIONS in gallivm; measured here: a loop of n iterations costs
+#: n + 1), and the invocation then carries on with a silently truncated result. On such adapters GEMM runs k in chunks of _LLVMPIPE_K_CHUNK
+#: (C accumulated with beta = 1 after the first chunk), and any other dispatch whose
+#: estimated iterations per invocation exceed _LLVMPIPE_LOOP_BUDGET (65535 less a margin
+#: for the kernels' fixed loops) raises UnsupportedError rather than return a wrong answer.
+_LLVMPIPE_LOOP_BUDGET = 60000
+_LLVMPIPE_K_CHUNK = 32768
 
 _UNARY_CODES = {op: i for i, op in enumerate(UnaryOp)}
 _BINARY_CODES = {op: i for i, op in enumerate(BinaryOp)}
@@ -243,6 +252,7 @@ class WgpuBackend(TableBackend):
         self._storage_align = 256
         self._max_binding = 128 << 20
         self._max_buffer = 256 << 20
+        self._loop_budget: int | None = None
 
     # ------------------------------------------------------------------ identity
 
@@ -344,6 +354,8 @@ class WgpuBackend(TableBackend):
         self._storage_align = int(dl.get("min-storage-buffer-offset-alignment", 256))
         self._max_binding = int(dl.get("max-storage-buffer-binding-size", 128 << 20))
         self._max_buffer = int(dl.get("max-buffer-size", 256 << 20))
+        device_name = str(_info_get(adapter.info, "device", "")).lower()
+        self._loop_budget = _LLVMPIPE_LOOP_BUDGET if "llvmpipe" in device_name else None
         usage = wgpu.BufferUsage
         self._uniform = self._device.create_buffer(
             size=_SLOT * _SLOTS, usage=usage.UNIFORM | usage.COPY_DST, label="computehal-uniforms"
@@ -596,6 +608,15 @@ class WgpuBackend(TableBackend):
             for c in copies or []:
                 self._record_copy(c)
 
+    def _check_loops(self, what: str, iterations: int) -> None:
+        """Refuse a dispatch that would exceed llvmpipe's per-invocation loop limit."""
+        if self._loop_budget is not None and iterations > self._loop_budget:
+            raise UnsupportedError(
+                f"{what} needs about {iterations} loop iterations per shader invocation, but this "
+                "adapter (Mesa llvmpipe / lavapipe) silently stops every shader loop after 65535 "
+                "iterations, so the result would be wrong; use a smaller problem or another backend"
+            )
+
     # ------------------------------------------------------------------ GEMM
 
     def _gemm_steps(
@@ -628,28 +649,43 @@ class WgpuBackend(TableBackend):
         steps = []
         small = not skipped and g.m * g.n <= _SMALL_GEMM
         chunk = batches if small else _MAX_GROUPS
+        # k in chunks on llvmpipe (see _LLVMPIPE_LOOP_BUDGET): C = alpha * A_j B_j + beta_j C.
+        k_chunks = [(0, g.k)]
+        if not skipped and self._loop_budget is not None and g.k > _LLVMPIPE_K_CHUNK:
+            k_chunks = [(k0, min(_LLVMPIPE_K_CHUNK, g.k - k0)) for k0 in range(0, g.k, _LLVMPIPE_K_CHUNK)]
         for base in range(0, batches, chunk):
             count = min(chunk, batches - base)
-            params = _pack(
-                g.m, g.n, g.k, g.lda, g.ldb, g.ldc, ba.elem, bb.elem, bc.elem,
-                strides[0], strides[1], strides[2], base,
-                g.trans_a, g.trans_b, g.beta == 0.0, round_mode, alpha, beta, count,
-            )  # fmt: skip
-            if small:
-                steps.append(_Step("gemm_small", params, (ba, bb, bc), _grid_1d(g.m * g.n * count, 256)))
-                continue
-            if skipped:
-                grid = (-(-g.m // 16), -(-g.n // 16), count)
-                kernel = "gemm_scale"
-            else:
-                grid = (-(-g.m // 64), -(-g.n // 64), count)
-                kernel = "gemm"
-            if grid[0] > _MAX_GROUPS or grid[1] > _MAX_GROUPS:
-                raise UnsupportedError(f"gemm of {g.m} x {g.n} exceeds the device's dispatch grid limits")
-            steps.append(_Step(kernel, params, (ba, bb, bc), grid))
+            for k0, kc in k_chunks:
+                first = k0 == 0
+                params = _pack(
+                    g.m, g.n, kc, g.lda, g.ldb, g.ldc,
+                    ba.elem + (k0 if g.trans_a else k0 * g.lda), bb.elem + (k0 * g.ldb if g.trans_b else k0),
+                    bc.elem, strides[0], strides[1], strides[2], base,
+                    g.trans_a, g.trans_b, first and g.beta == 0.0, round_mode, alpha, beta if first else 1.0,
+                    count,
+                )  # fmt: skip
+                if small:
+                    grid = _grid_1d(g.m * g.n * count, 256)
+                    steps.append(_Step("gemm_small", params, (ba, bb, bc), grid))
+                    continue
+                steps.extend(self._gemm_tile_step(g, skipped, params, (ba, bb, bc), count))
         if pre is not None:
             self._pre_copy(pre)
         return steps, copies
+
+    def _gemm_tile_step(
+        self, g: v.GemmProblem, skipped: bool, params: bytes, bindings: tuple[_Binding, ...], count: int
+    ) -> list[_Step]:
+        """The dispatch of the tiled (or, for a skipped product, the scaling) GEMM kernel."""
+        if skipped:
+            grid = (-(-g.m // 16), -(-g.n // 16), count)
+            kernel = "gemm_scale"
+        else:
+            grid = (-(-g.m // 64), -(-g.n // 64), count)
+            kernel = "gemm"
+        if grid[0] > _MAX_GROUPS or grid[1] > _MAX_GROUPS:
+            raise UnsupportedError(f"gemm of {g.m} x {g.n} exceeds the device's dispatch grid limits")
+        return [_Step(kernel, params, bindings, grid)]
 
     def _pre_copy(self, copy: _Copy) -> None:
         with self._lock:
@@ -759,6 +795,12 @@ class WgpuBackend(TableBackend):
     # ------------------------------------------------------------------ convolution
 
     def _conv(self, kernel: str, p: v.ConvProblem, written: str, total: int) -> None:
+        loops = {
+            "conv_forward": 1 + p.c * (2 + p.fh * (2 + p.fw)),
+            "conv_backward_data": 1 + p.fh * (2 + p.fw * (2 + p.k)),
+            "conv_backward_filter": 1 + p.n * (2 + p.oh * (2 + p.ow)),
+        }
+        self._check_loops(kernel.replace("_", " "), loops[kernel])
         regions = {"x": p.x, "f": p.f, "y": p.y}
         names = {"x": "input", "f": "filter", "y": "output"}
         bindings: dict[str, _Binding] = {}
@@ -867,6 +909,11 @@ class WgpuBackend(TableBackend):
         p = v.attention_problem(
             self._memory(), q_ptr, k_ptr, v_ptr, o_ptr, batch, heads, seq_q, seq_kv, head_dim, scale, causal
         )
+        dc = min(p.head_dim, 128)  # DC of wgpu_attention.wgsl: output columns per pass over the keys
+        self._check_loops(
+            f"attention with seq_kv {p.seq_kv} and head_dim {p.head_dim}",
+            -(-p.head_dim // dc) * (p.seq_kv * (3 + p.head_dim + dc) + dc + 3) + 1,
+        )
         heads = p.batch * p.heads
         bq, bk, bv = self._bind("q_ptr", p.q), self._bind("k_ptr", p.k), self._bind("v_ptr", p.v)
         bo, copies = self._output("o_ptr", p.o, p.q, p.k, p.v)
@@ -887,6 +934,13 @@ class WgpuBackend(TableBackend):
 
     def _axis_kernel(self, p: v.AxisProblem, name: str, op_code: int) -> None:
         slices = p.outer * p.inner
+        passes = 3 if name == "softmax" else 1  # softmax reads each slice three times
+        group = p.length >= 256 and (p.inner == 1 or slices < 4096)
+        if not (name == "reduce" and slices <= _SPLIT_SLICES and p.length >= _SPLIT_LENGTH):
+            self._check_loops(
+                f"{name} over an axis of {p.length}",
+                passes * (-(-p.length // 256) + 11) if group else passes * (p.length + 1),
+            )
         src = self._bind("input_ptr", p.input)
         in_place = name == "softmax"
         dst, copies = self._output("output_ptr", p.output, p.input, in_place_ok=in_place)
@@ -895,7 +949,7 @@ class WgpuBackend(TableBackend):
             return
         params = _pack(p.outer, p.length, p.inner, src.elem, dst.elem, op_code, slices, 0, p.length)
         # Few long slices: a workgroup per slice; otherwise an invocation per slice.
-        if p.length >= 256 and (p.inner == 1 or slices < 4096):
+        if group:
             kernel = f"{name}_group"
             gx = min(slices, _MAX_GROUPS)
             grid = (gx, -(-slices // gx), 1)
