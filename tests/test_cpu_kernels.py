@@ -1,0 +1,219 @@
+"""Exactness of CpuBackend's compiled float32 kernels (computehal.backends._cpu_kernels).
+
+Every 997th float32 bit pattern (about 4.3 million values, all signs, exponents and
+subnormals) plus the special values and range boundaries is pushed through each
+kernel and compared with float64 NumPy, in units in the last place of the float32
+result. Softmax and column max/min are compared with float64 NumPy definitions,
+including their NaN / inf semantics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+K = pytest.importorskip("computehal.backends._cpu_kernels", exc_type=ImportError)
+
+F32 = np.float32
+F64 = np.float64
+
+_BOUNDARIES = [
+    0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1.0, -1.0, 0.5, 2.0,
+    88.72283, 88.72284, 88.7229, 89.0, 100.0, -87.33654, -87.3366, -100.0, -103.2789, -103.97,
+    -104.0, -110.0, 1e-45, -1e-45, 1.1754942e-38, 1.17549435e-38, -1.17549435e-38,
+    3.4028235e38, -3.4028235e38, 1e-7, -1e-7, 0.625, -0.625, 0.6249999, 9.0, 9.5, 9.6, -9.6,
+    0.34657359, -0.34657359, 0.70710677, 0.70710678, 1.0000001, 0.99999994,
+]  # fmt: skip
+
+
+def _inputs() -> npt.NDArray[np.float32]:
+    patterns = np.arange(0, 2**32, 997, dtype=np.uint64).astype(np.uint32)
+    return np.concatenate([patterns.view(F32), np.asarray(_BOUNDARIES, dtype=F32)])
+
+
+X = _inputs()
+
+
+def _ulp_error(got: npt.NDArray[np.float32], want: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """|got - want| in float32 ULPs of the exact result (NaN vs NaN and equal infinities are 0)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        rounded = want.astype(F32)
+    # Exact results beyond FLT_MAX round to inf: compare with the rounded value there.
+    want = np.where(np.isinf(rounded) & np.isfinite(want), rounded.astype(F64), want)
+    spacing = np.spacing(np.abs(rounded)).astype(F64)
+    spacing[spacing == 0] = 2.0**-149
+    spacing[~np.isfinite(spacing)] = 2.0**104
+    with np.errstate(invalid="ignore"):
+        err = np.abs(got.astype(F64) - want) / spacing
+        err[(np.isnan(got) & np.isnan(want)) | (got.astype(F64) == want)] = 0.0
+    err[np.isnan(got) != np.isnan(want)] = np.inf
+    return err
+
+
+def _sigmoid64(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + np.exp(-x))
+
+
+def _log64(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.log(x)
+
+
+CASES: list[tuple[str, Callable[..., None], Callable[[Any], Any], float]] = [
+    ("exp", K.exp_into, np.exp, 2.0),
+    ("log", K.log_into, _log64, 2.0),
+    ("tanh", K.tanh_into, np.tanh, 2.0),
+    ("sigmoid", K.sigmoid_into, _sigmoid64, 2.5),
+]
+
+
+@pytest.mark.parametrize(("name", "kernel", "reference", "bound"), CASES, ids=[c[0] for c in CASES])
+def test_unary_kernel_ulp(
+    name: str, kernel: Callable[..., None], reference: Callable[[Any], Any], bound: float
+) -> None:
+    out = np.full_like(X, 7.0)
+    kernel(X, out)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = reference(X.astype(F64))
+    err = _ulp_error(out, want)
+    worst = int(np.argmax(err))
+    print(f"{name}: max {err[worst]:.3f} ULP at x = {X[worst]!r} (got {out[worst]!r}, want {want[worst]!r})")
+    assert err[worst] <= bound, (name, X[worst], out[worst], want[worst], err[worst])
+
+
+def _run(kernel: Callable[..., None], values: list[float]) -> npt.NDArray[np.float32]:
+    x = np.asarray(values, dtype=F32)
+    out = np.full_like(x, 7.0)
+    kernel(x, out)
+    return out
+
+
+def _same(got: npt.NDArray[np.float32], want: list[float]) -> bool:
+    w = np.asarray(want, dtype=F32)
+    numbers = ~np.isnan(w)  # the sign of a NaN carries no meaning
+    return bool(
+        np.array_equal(got, w, equal_nan=True)
+        and np.array_equal(np.signbit(got[numbers]), np.signbit(w[numbers]))
+    )
+
+
+def test_special_values_exact() -> None:
+    inf, nan = np.inf, np.nan
+    assert _same(_run(K.exp_into, [-inf, inf, nan, 0.0, -0.0, 89.0, 1000.0, -200.0]),
+                 [0.0, inf, nan, 1.0, 1.0, inf, inf, 0.0])  # fmt: skip
+    assert _same(_run(K.log_into, [0.0, -0.0, -1.0, -inf, inf, nan, 1.0]),
+                 [-inf, -inf, nan, nan, inf, nan, 0.0])  # fmt: skip
+    assert _same(_run(K.tanh_into, [inf, -inf, nan, 0.0, -0.0, 50.0, -50.0]),
+                 [1.0, -1.0, nan, 0.0, -0.0, 1.0, -1.0])  # fmt: skip
+    assert _same(_run(K.sigmoid_into, [inf, -inf, nan, 0.0, 200.0]), [1.0, 0.0, nan, 0.5, 1.0])
+
+
+def test_exp_subnormal_results() -> None:
+    x = np.linspace(-103.9, -87.0, 20001, dtype=F32)
+    out = np.empty_like(x)
+    K.exp_into(x, out)
+    assert np.all(out[x < -87.34] < np.finfo(F32).tiny)  # really subnormal, not flushed
+    assert _ulp_error(out, np.exp(x.astype(F64))).max() <= 1.0
+
+
+def test_log_subnormal_inputs() -> None:
+    x = (np.arange(1, 1 << 23, 4099, dtype=np.uint32)).view(F32)  # subnormals
+    out = np.empty_like(x)
+    K.log_into(x, out)
+    assert _ulp_error(out, np.log(x.astype(F64))).max() <= 1.0
+
+
+def test_in_place_and_unaligned() -> None:
+    x = np.random.default_rng(3).uniform(-20, 20, 1001).astype(F32)
+    want = np.exp(x.astype(F64))
+    buf = x.copy()
+    K.exp_into(buf[1:], buf[1:])  # odd start, in place
+    assert _ulp_error(buf[1:], want[1:]).max() <= 2.0
+    assert buf[0] == x[0]
+
+
+def _softmax64(x: npt.NDArray[np.float32], axis: int) -> npt.NDArray[np.float64]:
+    x64 = x.astype(F64)
+    with np.errstate(invalid="ignore"):
+        peak = np.fmax.reduce(x64, axis=axis, keepdims=True, initial=-np.inf)
+        e = np.exp(x64 - peak)
+        return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def _softmax_input(shape: tuple[int, int], axis: int, seed: int) -> npt.NDArray[np.float32]:
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(shape) * 8).astype(F32)
+    # One slice each: a NaN, a +inf, all -inf, a -inf among finite values, huge values.
+    lines = [x[i] for i in range(5)] if axis == 1 else [x[:, i] for i in range(5)]
+    lines[0][3] = np.nan
+    lines[1][2] = np.inf
+    lines[2][:] = -np.inf
+    lines[3][1] = -np.inf
+    lines[4][:] = 3e38
+    lines[4][0] = -3e38
+    return x
+
+
+def _check_softmax(got: npt.NDArray[np.float32], want: npt.NDArray[np.float64], length: int) -> None:
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    finite = ~np.isnan(want)
+    tol = np.finfo(F32).eps * (8 + 2 * length) * np.abs(want[finite]) + 2.0**-126
+    assert np.all(np.abs(got[finite] - want[finite]) <= tol)
+
+
+@pytest.mark.parametrize("shape", [(7, 1), (9, 33), (64, 1000), (5, 4099)])
+def test_softmax_rows(shape: tuple[int, int]) -> None:
+    x = _softmax_input(shape, 1, shape[1]) if shape[1] > 5 else np.ones(shape, dtype=F32)
+    out = np.empty_like(x)
+    K.softmax_rows(x, out)
+    _check_softmax(out, _softmax64(x, 1), shape[1])
+    K.softmax_rows(x, x)  # in place
+    assert np.array_equal(x, out, equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    ("shape", "c_lo", "c_hi"), [((9, 33), 0, 33), ((1000, 70), 5, 69), ((4099, 8), 0, 8)]
+)
+def test_softmax_columns(shape: tuple[int, int], c_lo: int, c_hi: int) -> None:
+    x = _softmax_input(shape, 0, shape[0]) if shape[1] > 5 else np.ones(shape, dtype=F32)
+    out = np.full_like(x, 7.0)
+    K.softmax_columns(x, out, c_lo, c_hi)
+    _check_softmax(out[:, c_lo:c_hi], _softmax64(x, 0)[:, c_lo:c_hi], shape[0])
+    assert np.all(out[:, :c_lo] == 7.0) and np.all(out[:, c_hi:] == 7.0)
+
+
+@pytest.mark.parametrize("largest", [True, False])
+def test_extreme_columns(largest: bool) -> None:
+    x = np.random.default_rng(5).standard_normal((300, 50)).astype(F32)
+    x[::7, 3] = np.nan
+    x[:, 4] = np.nan  # all NaN: fmax / fmin give the identity
+    x[10, 5] = -np.inf
+    x[11, 6] = np.inf
+    out = np.empty(40, dtype=F32)
+    K.extreme_columns(x, out, 5, 45, largest)
+    fn = np.fmax if largest else np.fmin
+    want = fn.reduce(x[:, 5:45], axis=0, initial=-np.inf if largest else np.inf)
+    assert np.array_equal(out, want)
+    empty = np.empty((0, 8), dtype=F32)
+    K.extreme_columns(empty, out[:8], 0, 8, largest)
+    assert np.all(out[:8] == (-np.inf if largest else np.inf))
+
+
+def test_exp_shifted_rowsum() -> None:
+    rng = np.random.default_rng(9)
+    scores = (rng.standard_normal((16, 300)) * 4).astype(F32)
+    scores[0, :] = -np.inf
+    shift = scores.max(axis=1)
+    shift[0] = 0.0
+    # The kernel rounds x - shift to float32 first (as the NumPy path does).
+    with np.errstate(invalid="ignore"):
+        want = np.exp((scores - shift[:, None]).astype(F64))
+    sums = np.empty(16, dtype=F32)
+    K.exp_shifted_rowsum(scores, shift, sums)
+    assert _ulp_error(scores, want).max() <= 2.0
+    np.testing.assert_allclose(sums, want.sum(axis=1), rtol=1e-5, atol=0)
