@@ -31,6 +31,7 @@ numba is missing or cannot compile; CpuBackend then keeps its NumPy paths.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numba
@@ -50,7 +51,26 @@ __all__ = [
     "extreme_columns",
 ]
 
-_jit = numba.njit(nogil=True, cache=True, fastmath={"contract"}, error_model="numpy")
+
+def _compiled(fastmath: set[str]) -> Callable[[Callable[..., Any]], Any]:
+    """``numba.njit`` with this module's options, cached on disk where numba finds a writable place.
+
+    Numba caches next to this file, else in the user-wide cache directory; where
+    neither is writable (a read-only install run by a user without a home) it refuses
+    ``cache=True`` at decoration time, and the kernels are then compiled in each process.
+    """
+
+    def decorate(fn: Callable[..., Any]) -> Any:
+        options: dict[str, Any] = dict(nogil=True, fastmath=fastmath, error_model="numpy")
+        try:
+            return numba.njit(cache=True, **options)(fn)
+        except RuntimeError:  # "cannot cache function ...: no locator available"
+            return numba.njit(cache=False, **options)(fn)
+
+    return decorate
+
+
+_jit = _compiled({"contract"})
 
 
 @intrinsic
@@ -280,7 +300,7 @@ def _row_max(row: Any) -> float:
 
 # Reassociation only lets LLVM keep several partial sums (a vector of them); nothing
 # else in this function could change under it.
-@numba.njit(nogil=True, cache=True, fastmath={"contract", "reassoc"}, error_model="numpy")
+@_compiled({"contract", "reassoc"})
 def _row_sum(row: Any) -> float:
     """Sum of a float32 row, accumulated in interleaved float32 partial sums."""
     total = _ZERO
