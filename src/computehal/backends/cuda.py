@@ -715,28 +715,7 @@ class CudaBackend(TableBackend):
                 beta.ctypes.data, p.c.ptr, p.ldc,
             )  # fmt: skip
 
-    @guarded
-    def gemm(
-        self,
-        trans_a: Any,
-        trans_b: Any,
-        m: int,
-        n: int,
-        k: int,
-        alpha: float,
-        a_ptr: int,
-        lda: int,
-        b_ptr: int,
-        ldb: int,
-        beta: float,
-        c_ptr: int,
-        ldc: int,
-        *,
-        dtype: Any = "float64",
-    ) -> None:
-        p = v.gemm_problem(
-            self._memory(), trans_a, trans_b, m, n, k, alpha, a_ptr, lda, b_ptr, ldb, beta, c_ptr, ldc, dtype
-        )
+    def _exec_gemm(self, p: v.GemmProblem) -> None:
         if p.empty:
             return
         if p.product_skipped:
@@ -744,50 +723,7 @@ class CudaBackend(TableBackend):
             return
         self._cublas_gemm(p)
 
-    @guarded
-    def batched_gemm(
-        self,
-        trans_a: Any,
-        trans_b: Any,
-        m: int,
-        n: int,
-        k: int,
-        alpha: float,
-        a_ptr: int,
-        lda: int,
-        stride_a: int,
-        b_ptr: int,
-        ldb: int,
-        stride_b: int,
-        beta: float,
-        c_ptr: int,
-        ldc: int,
-        stride_c: int,
-        batch_count: int,
-        *,
-        dtype: Any = "float32",
-    ) -> None:
-        p = v.batched_gemm_problem(
-            self._memory(),
-            trans_a,
-            trans_b,
-            m,
-            n,
-            k,
-            alpha,
-            a_ptr,
-            lda,
-            stride_a,
-            b_ptr,
-            ldb,
-            stride_b,
-            beta,
-            c_ptr,
-            ldc,
-            stride_c,
-            batch_count,
-            dtype,
-        )
+    def _exec_batched_gemm(self, p: v.BatchedGemmProblem) -> None:
         if p.empty:
             return
         g = p.gemm
@@ -812,28 +748,7 @@ class CudaBackend(TableBackend):
                     count,
                 )  # fmt: skip
 
-    @guarded
-    def gemm_mixed_precision(
-        self,
-        prec: Any,
-        trans_a: Any,
-        trans_b: Any,
-        m: int,
-        n: int,
-        k: int,
-        alpha: float,
-        a_ptr: int,
-        lda: int,
-        b_ptr: int,
-        ldb: int,
-        beta: float,
-        c_ptr: int,
-        ldc: int,
-    ) -> None:
-        fmt = v.mixed_precision_format(prec)
-        p = v.gemm_problem(
-            self._memory(), trans_a, trans_b, m, n, k, alpha, a_ptr, lda, b_ptr, ldb, beta, c_ptr, ldc, F32
-        )
+    def _exec_gemm_mixed_precision(self, fmt: MixedPrecision, p: v.GemmProblem) -> None:
         if p.empty:
             return
         if p.product_skipped:
@@ -979,26 +894,7 @@ class CudaBackend(TableBackend):
 
     # ------------------------------------------------------------------ convolution
 
-    @guarded
-    def conv2d_forward(
-        self,
-        input_ptr: int,
-        input_shape: Any,
-        filter_ptr: int,
-        filter_shape: Any,
-        output_ptr: int,
-        output_shape: Any,
-        stride: Any,
-        padding: Any,
-    ) -> None:
-        p = v.conv_problem(
-            self._memory(),
-            ("input_ptr", input_ptr, input_shape),
-            ("filter_ptr", filter_ptr, filter_shape),
-            ("output_ptr", output_ptr, output_shape),
-            stride,
-            padding,
-        )
+    def _exec_conv2d_forward(self, p: v.ConvProblem) -> None:
         if p.empty_output:
             return
         crs, spatial = p.c * p.fh * p.fw, p.oh * p.ow
@@ -1028,26 +924,7 @@ class CudaBackend(TableBackend):
                     mr, spatial, p.k, crs, int(ap.ptr) + b * ap_stride * 4, f, crs, False, 0.0, out, spatial
                 )
 
-    @guarded
-    def conv2d_backward_data(
-        self,
-        grad_output_ptr: int,
-        grad_output_shape: Any,
-        filter_ptr: int,
-        filter_shape: Any,
-        grad_input_ptr: int,
-        grad_input_shape: Any,
-        stride: Any,
-        padding: Any,
-    ) -> None:
-        p = v.conv_problem(
-            self._memory(),
-            ("grad_input_ptr", grad_input_ptr, grad_input_shape),
-            ("filter_ptr", filter_ptr, filter_shape),
-            ("grad_output_ptr", grad_output_ptr, grad_output_shape),
-            stride,
-            padding,
-        )
+    def _exec_conv2d_backward_data(self, p: v.ConvProblem) -> None:
         total = p.n * p.c * p.h * p.w
         if total == 0:
             return
@@ -1073,26 +950,7 @@ class CudaBackend(TableBackend):
             args = (_p(int(gcols.ptr)), _p(p.x.ptr), _i64(0), _i64(n0), *self._conv_dims(p))
             self._launch(unit, "col2im", grid, (64,), args)
 
-    @guarded
-    def conv2d_backward_filter(
-        self,
-        input_ptr: int,
-        input_shape: Any,
-        grad_output_ptr: int,
-        grad_output_shape: Any,
-        grad_filter_ptr: int,
-        grad_filter_shape: Any,
-        stride: Any,
-        padding: Any,
-    ) -> None:
-        p = v.conv_problem(
-            self._memory(),
-            ("input_ptr", input_ptr, input_shape),
-            ("grad_filter_ptr", grad_filter_ptr, grad_filter_shape),
-            ("grad_output_ptr", grad_output_ptr, grad_output_shape),
-            stride,
-            padding,
-        )
+    def _exec_conv2d_backward_filter(self, p: v.ConvProblem) -> None:
         crs, spatial = p.c * p.fh * p.fw, p.oh * p.ow
         total = p.k * crs
         if total == 0:
@@ -1121,24 +979,7 @@ class CudaBackend(TableBackend):
 
     # ------------------------------------------------------------------ attention
 
-    @guarded
-    def attention(
-        self,
-        q_ptr: int,
-        k_ptr: int,
-        v_ptr: int,
-        o_ptr: int,
-        batch: int,
-        heads: int,
-        seq_q: int,
-        seq_kv: int,
-        head_dim: int,
-        scale: float,
-        causal: bool,
-    ) -> None:
-        p = v.attention_problem(
-            self._memory(), q_ptr, k_ptr, v_ptr, o_ptr, batch, heads, seq_q, seq_kv, head_dim, scale, causal
-        )
+    def _exec_attention(self, p: v.AttentionProblem) -> None:
         _check_int32("seq_q", p.seq_q)
         _check_int32("seq_kv", p.seq_kv)
         if p.head_dim > _ATTN_MAX_DIM:
@@ -1162,9 +1003,7 @@ class CudaBackend(TableBackend):
 
     # ------------------------------------------------------------------ reductions
 
-    @guarded
-    def reduce(self, op: Any, input_ptr: int, output_ptr: int, shape: Any, axis: int) -> None:
-        p = v.axis_problem(self._memory(), op, input_ptr, output_ptr, shape, axis)
+    def _exec_reduce(self, p: v.AxisProblem) -> None:
         count = p.outer * p.inner
         if count == 0:
             return
@@ -1188,9 +1027,7 @@ class CudaBackend(TableBackend):
             )
             self._launch(_reduce_unit(), "reduce_cols", (-(-count // 128),), (128,), args)
 
-    @guarded
-    def softmax(self, input_ptr: int, output_ptr: int, shape: Any, axis: int) -> None:
-        p = v.axis_problem(self._memory(), None, input_ptr, output_ptr, shape, axis)
+    def _exec_softmax(self, p: v.AxisProblem) -> None:
         if p.outer * p.length * p.inner == 0:
             return
         keep: list[Any] = []
@@ -1205,9 +1042,7 @@ class CudaBackend(TableBackend):
 
     # ------------------------------------------------------------------ element-wise
 
-    @guarded
-    def unary(self, op: Any, input_ptr: int, output_ptr: int, n: int) -> None:
-        p = v.unary_problem(self._memory(), op, input_ptr, output_ptr, n)
+    def _exec_unary(self, p: v.ElementwiseProblem) -> None:
         if p.n == 0:
             return
         assert isinstance(p.op, UnaryOp)
@@ -1216,9 +1051,7 @@ class CudaBackend(TableBackend):
         args = (_p(x), _i64(0), _p(p.out.ptr), _i64(0), _i64(p.n))
         self._launch(_elementwise_unit(), f"unary_{p.op.value}", (-(-p.n // 256),), (256,), args)
 
-    @guarded
-    def binary(self, op: Any, a_ptr: int, b_ptr: int, output_ptr: int, n: int) -> None:
-        p = v.binary_problem(self._memory(), op, a_ptr, b_ptr, output_ptr, n)
+    def _exec_binary(self, p: v.ElementwiseProblem) -> None:
         if p.n == 0:
             return
         assert isinstance(p.op, BinaryOp) and p.b is not None
@@ -1230,9 +1063,7 @@ class CudaBackend(TableBackend):
 
     # ------------------------------------------------------------------ gather / scatter
 
-    @guarded
-    def gather(self, input_ptr: int, indices: Any, output_ptr: int, rows: int, cols: int) -> None:
-        p = v.gather_problem(self._memory(), input_ptr, indices, output_ptr, rows, cols)
+    def _exec_gather(self, p: v.RowsProblem) -> None:
         count = int(p.indices.size)
         if count == 0 or p.cols == 0:
             return
@@ -1253,9 +1084,7 @@ class CudaBackend(TableBackend):
             )
             self._launch(_gather_unit(), "gather_rows", (-(-p.cols // block), r1 - r0), (block,), args)
 
-    @guarded
-    def scatter(self, input_ptr: int, indices: Any, output_ptr: int, rows: int, cols: int) -> None:
-        p = v.scatter_problem(self._memory(), input_ptr, indices, output_ptr, rows, cols)
+    def _exec_scatter(self, p: v.RowsProblem) -> None:
         if p.indices.size == 0 or p.cols == 0:
             return
         # Index bookkeeping on the host: each destination row once, with the last source naming it.

@@ -614,87 +614,19 @@ class OpenCLBackend(TableBackend):
                 f"float64 gemm: OpenCL device {self.device_name()!r} has no double precision (cl_khr_fp64)"
             )
 
-    @guarded
-    def gemm(
-        self,
-        trans_a: Any,
-        trans_b: Any,
-        m: int,
-        n: int,
-        k: int,
-        alpha: float,
-        a_ptr: int,
-        lda: int,
-        b_ptr: int,
-        ldb: int,
-        beta: float,
-        c_ptr: int,
-        ldc: int,
-        *,
-        dtype: Any = "float64",
-    ) -> None:
-        p = v.gemm_problem(
-            self._memory(), trans_a, trans_b, m, n, k, alpha, a_ptr, lda, b_ptr, ldb, beta, c_ptr, ldc, dtype
-        )
+    def _exec_gemm(self, p: v.GemmProblem) -> None:
         self._check_dtype(p.dtype)
         with self._lock:
             self._gemm(p)
 
-    @guarded
-    def batched_gemm(
-        self,
-        trans_a: Any,
-        trans_b: Any,
-        m: int,
-        n: int,
-        k: int,
-        alpha: float,
-        a_ptr: int,
-        lda: int,
-        stride_a: int,
-        b_ptr: int,
-        ldb: int,
-        stride_b: int,
-        beta: float,
-        c_ptr: int,
-        ldc: int,
-        stride_c: int,
-        batch_count: int,
-        *,
-        dtype: Any = "float32",
-    ) -> None:
-        p = v.batched_gemm_problem(
-            self._memory(), trans_a, trans_b, m, n, k, alpha, a_ptr, lda, stride_a, b_ptr, ldb, stride_b,
-            beta, c_ptr, ldc, stride_c, batch_count, dtype,
-        )  # fmt: skip
+    def _exec_batched_gemm(self, p: v.BatchedGemmProblem) -> None:
         self._check_dtype(p.gemm.dtype)
         if p.empty:
             return
         with self._lock:
             self._gemm(p.gemm, p.batch_count, (p.stride_a, p.stride_b, p.stride_c), spans=(p.a, p.b, p.c))
 
-    @guarded
-    def gemm_mixed_precision(
-        self,
-        prec: Any,
-        trans_a: Any,
-        trans_b: Any,
-        m: int,
-        n: int,
-        k: int,
-        alpha: float,
-        a_ptr: int,
-        lda: int,
-        b_ptr: int,
-        ldb: int,
-        beta: float,
-        c_ptr: int,
-        ldc: int,
-    ) -> None:
-        fmt = v.mixed_precision_format(prec)
-        p = v.gemm_problem(
-            self._memory(), trans_a, trans_b, m, n, k, alpha, a_ptr, lda, b_ptr, ldb, beta, c_ptr, ldc, F32
-        )
+    def _exec_gemm_mixed_precision(self, fmt: MixedPrecision, p: v.GemmProblem) -> None:
         with self._lock:
             self._gemm(p, mode=_ROUND_MODES[fmt])
 
@@ -714,26 +646,7 @@ class OpenCLBackend(TableBackend):
         for start in range(0, total, step):
             yield start, min(total, start + step)
 
-    @guarded
-    def conv2d_forward(
-        self,
-        input_ptr: int,
-        input_shape: Any,
-        filter_ptr: int,
-        filter_shape: Any,
-        output_ptr: int,
-        output_shape: Any,
-        stride: Any,
-        padding: Any,
-    ) -> None:
-        p = v.conv_problem(
-            self._memory(),
-            ("input_ptr", input_ptr, input_shape),
-            ("filter_ptr", filter_ptr, filter_shape),
-            ("output_ptr", output_ptr, output_shape),
-            stride,
-            padding,
-        )
+    def _exec_conv2d_forward(self, p: v.ConvProblem) -> None:
         if p.empty_output:
             return
         with self._lock:
@@ -781,26 +694,7 @@ class OpenCLBackend(TableBackend):
                     spatial,
                 )
 
-    @guarded
-    def conv2d_backward_data(
-        self,
-        grad_output_ptr: int,
-        grad_output_shape: Any,
-        filter_ptr: int,
-        filter_shape: Any,
-        grad_input_ptr: int,
-        grad_input_shape: Any,
-        stride: Any,
-        padding: Any,
-    ) -> None:
-        p = v.conv_problem(
-            self._memory(),
-            ("grad_input_ptr", grad_input_ptr, grad_input_shape),
-            ("filter_ptr", filter_ptr, filter_shape),
-            ("grad_output_ptr", grad_output_ptr, grad_output_shape),
-            stride,
-            padding,
-        )
+    def _exec_conv2d_backward_data(self, p: v.ConvProblem) -> None:
         total = p.n * p.c * p.h * p.w
         if total == 0:
             return
@@ -856,26 +750,7 @@ class OpenCLBackend(TableBackend):
                     gcols, gx.buffer, I64(gx.offset), I64(n0), *self._conv_dims(p),
                 )  # fmt: skip
 
-    @guarded
-    def conv2d_backward_filter(
-        self,
-        input_ptr: int,
-        input_shape: Any,
-        grad_output_ptr: int,
-        grad_output_shape: Any,
-        grad_filter_ptr: int,
-        grad_filter_shape: Any,
-        stride: Any,
-        padding: Any,
-    ) -> None:
-        p = v.conv_problem(
-            self._memory(),
-            ("input_ptr", input_ptr, input_shape),
-            ("grad_filter_ptr", grad_filter_ptr, grad_filter_shape),
-            ("grad_output_ptr", grad_output_ptr, grad_output_shape),
-            stride,
-            padding,
-        )
+    def _exec_conv2d_backward_filter(self, p: v.ConvProblem) -> None:
         crs, spatial = p.c * p.fh * p.fw, p.oh * p.ow
         total = p.k * crs
         if total == 0:
@@ -913,24 +788,7 @@ class OpenCLBackend(TableBackend):
 
     # ------------------------------------------------------------------ attention
 
-    @guarded
-    def attention(
-        self,
-        q_ptr: int,
-        k_ptr: int,
-        v_ptr: int,
-        o_ptr: int,
-        batch: int,
-        heads: int,
-        seq_q: int,
-        seq_kv: int,
-        head_dim: int,
-        scale: float,
-        causal: bool,
-    ) -> None:
-        p = v.attention_problem(
-            self._memory(), q_ptr, k_ptr, v_ptr, o_ptr, batch, heads, seq_q, seq_kv, head_dim, scale, causal
-        )
+    def _exec_attention(self, p: v.AttentionProblem) -> None:
         if p.seq_q > np.iinfo(np.int32).max or p.seq_kv > np.iinfo(np.int32).max:
             raise InvalidArgumentError("seq_q and seq_kv must fit in 32 bits")
         with self._lock:
@@ -965,9 +823,7 @@ class OpenCLBackend(TableBackend):
 
     # ------------------------------------------------------------------ reductions
 
-    @guarded
-    def reduce(self, op: Any, input_ptr: int, output_ptr: int, shape: Any, axis: int) -> None:
-        p = v.axis_problem(self._memory(), op, input_ptr, output_ptr, shape, axis)
+    def _exec_reduce(self, p: v.AxisProblem) -> None:
         count = p.outer * p.inner
         if count == 0:
             return
@@ -1006,9 +862,7 @@ class OpenCLBackend(TableBackend):
                     I64(p.outer), I64(p.length), I64(p.inner), code,
                 )  # fmt: skip
 
-    @guarded
-    def softmax(self, input_ptr: int, output_ptr: int, shape: Any, axis: int) -> None:
-        p = v.axis_problem(self._memory(), None, input_ptr, output_ptr, shape, axis)
+    def _exec_softmax(self, p: v.AxisProblem) -> None:
         if p.outer * p.length * p.inner == 0:
             return
         with self._lock:
@@ -1033,9 +887,7 @@ class OpenCLBackend(TableBackend):
     def _elementwise_local(self, n: int) -> int:
         return min(1024 if n >= (1 << 18) else 16, self._max_wg)
 
-    @guarded
-    def unary(self, op: Any, input_ptr: int, output_ptr: int, n: int) -> None:
-        p = v.unary_problem(self._memory(), op, input_ptr, output_ptr, n)
+    def _exec_unary(self, p: v.ElementwiseProblem) -> None:
         if p.n == 0:
             return
         assert isinstance(p.op, UnaryOp)
@@ -1048,9 +900,7 @@ class OpenCLBackend(TableBackend):
                 x.buffer, I64(x.offset), y.buffer, I64(y.offset), I64(p.n),
             )  # fmt: skip
 
-    @guarded
-    def binary(self, op: Any, a_ptr: int, b_ptr: int, output_ptr: int, n: int) -> None:
-        p = v.binary_problem(self._memory(), op, a_ptr, b_ptr, output_ptr, n)
+    def _exec_binary(self, p: v.ElementwiseProblem) -> None:
         if p.n == 0:
             return
         assert isinstance(p.op, BinaryOp) and p.b is not None
@@ -1070,9 +920,7 @@ class OpenCLBackend(TableBackend):
         lx = min(64, _round_up(cols, 8), self._max_wg)
         return lx, 1
 
-    @guarded
-    def gather(self, input_ptr: int, indices: Any, output_ptr: int, rows: int, cols: int) -> None:
-        p = v.gather_problem(self._memory(), input_ptr, indices, output_ptr, rows, cols)
+    def _exec_gather(self, p: v.RowsProblem) -> None:
         count = int(p.indices.size)
         if count == 0 or p.cols == 0:
             return
@@ -1086,9 +934,7 @@ class OpenCLBackend(TableBackend):
                 x.buffer, I64(x.offset), idx, y.buffer, I64(y.offset), I64(p.cols), I64(count),
             )  # fmt: skip
 
-    @guarded
-    def scatter(self, input_ptr: int, indices: Any, output_ptr: int, rows: int, cols: int) -> None:
-        p = v.scatter_problem(self._memory(), input_ptr, indices, output_ptr, rows, cols)
+    def _exec_scatter(self, p: v.RowsProblem) -> None:
         if p.indices.size == 0 or p.cols == 0:
             return
         # Index bookkeeping on the host: each destination row once, with the last source naming it.

@@ -94,8 +94,9 @@ _BIND_GROUP_CACHE = 1024
 #: Mesa's llvmpipe (lavapipe) ends every loop of a shader invocation once 65535 loop
 #: iterations have run in total, counted over all loops of the invocation together
 #: (LP_MAX_TGSI_LOOP_ITERATIONS in gallivm; measured here: a loop of n iterations costs
-#: n + 1), and the invocation then carries on with a silently truncated result. On such adapters GEMM runs k in chunks of _LLVMPIPE_K_CHUNK
-#: (C accumulated with beta = 1 after the first chunk), and any other dispatch whose
+#: n + 1), and the invocation then carries on with a silently truncated result. On such
+#: adapters GEMM runs k in chunks of _LLVMPIPE_K_CHUNK (C accumulated with beta = 1
+#: after the first chunk), and any other dispatch whose
 #: estimated iterations per invocation exceed _LLVMPIPE_LOOP_BUDGET (65535 less a margin
 #: for the kernels' fixed loops) raises UnsupportedError rather than return a wrong answer.
 _LLVMPIPE_LOOP_BUDGET = 60000
@@ -691,72 +692,23 @@ class WgpuBackend(TableBackend):
         with self._lock:
             self._record_copy(copy)
 
-    @guarded
-    def gemm(
-        self,
-        trans_a: Any,
-        trans_b: Any,
-        m: int,
-        n: int,
-        k: int,
-        alpha: float,
-        a_ptr: int,
-        lda: int,
-        b_ptr: int,
-        ldb: int,
-        beta: float,
-        c_ptr: int,
-        ldc: int,
-        *,
-        dtype: Any = "float64",
-    ) -> None:
-        table = self._memory()
-        if v.as_dtype(dtype) != F32:
+    def _exec_gemm(self, p: v.GemmProblem) -> None:
+        if p.dtype != F32:
             raise UnsupportedError(
-                f"gemm with dtype {v.as_dtype(dtype)} on the {self.name()} backend: WGSL has no "
+                f"gemm with dtype {p.dtype} on the {self.name()} backend: WGSL has no "
                 "float64 (use dtype='float32' or another backend)"
             )
-        p = v.gemm_problem(
-            table, trans_a, trans_b, m, n, k, alpha, a_ptr, lda, b_ptr, ldb, beta, c_ptr, ldc, dtype
-        )
         if p.empty:
             return
         steps, copies = self._gemm_steps(p, p.a, p.b, p.c, (0, 0, 0), 1, 0)
         self._run(steps, copies)
 
-    @guarded
-    def batched_gemm(
-        self,
-        trans_a: Any,
-        trans_b: Any,
-        m: int,
-        n: int,
-        k: int,
-        alpha: float,
-        a_ptr: int,
-        lda: int,
-        stride_a: int,
-        b_ptr: int,
-        ldb: int,
-        stride_b: int,
-        beta: float,
-        c_ptr: int,
-        ldc: int,
-        stride_c: int,
-        batch_count: int,
-        *,
-        dtype: Any = "float32",
-    ) -> None:
-        table = self._memory()
-        if v.as_dtype(dtype) != F32:
+    def _exec_batched_gemm(self, p: v.BatchedGemmProblem) -> None:
+        if p.gemm.dtype != F32:
             raise UnsupportedError(
-                f"batched_gemm with dtype {v.as_dtype(dtype)} on the {self.name()} backend: WGSL has "
-                "no float64 (use dtype='float32' or another backend)"
+                f"batched_gemm with dtype {p.gemm.dtype} on the {self.name()} backend: WGSL has no "
+                "float64 (use dtype='float32' or another backend)"
             )
-        p = v.batched_gemm_problem(
-            table, trans_a, trans_b, m, n, k, alpha, a_ptr, lda, stride_a,
-            b_ptr, ldb, stride_b, beta, c_ptr, ldc, stride_c, batch_count, dtype,
-        )  # fmt: skip
         if p.empty:
             return
         steps, copies = self._gemm_steps(
@@ -764,28 +716,7 @@ class WgpuBackend(TableBackend):
         )
         self._run(steps, copies)
 
-    @guarded
-    def gemm_mixed_precision(
-        self,
-        prec: Any,
-        trans_a: Any,
-        trans_b: Any,
-        m: int,
-        n: int,
-        k: int,
-        alpha: float,
-        a_ptr: int,
-        lda: int,
-        b_ptr: int,
-        ldb: int,
-        beta: float,
-        c_ptr: int,
-        ldc: int,
-    ) -> None:
-        fmt = v.mixed_precision_format(prec)
-        p = v.gemm_problem(
-            self._memory(), trans_a, trans_b, m, n, k, alpha, a_ptr, lda, b_ptr, ldb, beta, c_ptr, ldc, F32
-        )
+    def _exec_gemm_mixed_precision(self, fmt: MixedPrecision, p: v.GemmProblem) -> None:
         if p.empty:
             return
         mode = 1 if fmt is MixedPrecision.F16 else 2
@@ -815,75 +746,18 @@ class WgpuBackend(TableBackend):
         step = _Step(kernel, params, (bindings["x"], bindings["f"], bindings["y"]), _grid_1d(total, 256))
         self._run([step], copies)
 
-    @guarded
-    def conv2d_forward(
-        self,
-        input_ptr: int,
-        input_shape: Any,
-        filter_ptr: int,
-        filter_shape: Any,
-        output_ptr: int,
-        output_shape: Any,
-        stride: Any,
-        padding: Any,
-    ) -> None:
-        p = v.conv_problem(
-            self._memory(),
-            ("input_ptr", input_ptr, input_shape),
-            ("filter_ptr", filter_ptr, filter_shape),
-            ("output_ptr", output_ptr, output_shape),
-            stride,
-            padding,
-        )
+    def _exec_conv2d_forward(self, p: v.ConvProblem) -> None:
         if p.empty_output:
             return
         self._conv("conv_forward", p, "y", p.n * p.k * p.oh * p.ow)
 
-    @guarded
-    def conv2d_backward_data(
-        self,
-        grad_output_ptr: int,
-        grad_output_shape: Any,
-        filter_ptr: int,
-        filter_shape: Any,
-        grad_input_ptr: int,
-        grad_input_shape: Any,
-        stride: Any,
-        padding: Any,
-    ) -> None:
-        p = v.conv_problem(
-            self._memory(),
-            ("grad_input_ptr", grad_input_ptr, grad_input_shape),
-            ("filter_ptr", filter_ptr, filter_shape),
-            ("grad_output_ptr", grad_output_ptr, grad_output_shape),
-            stride,
-            padding,
-        )
+    def _exec_conv2d_backward_data(self, p: v.ConvProblem) -> None:
         total = p.n * p.c * p.h * p.w
         if total == 0:
             return
         self._conv("conv_backward_data", p, "x", total)
 
-    @guarded
-    def conv2d_backward_filter(
-        self,
-        input_ptr: int,
-        input_shape: Any,
-        grad_output_ptr: int,
-        grad_output_shape: Any,
-        grad_filter_ptr: int,
-        grad_filter_shape: Any,
-        stride: Any,
-        padding: Any,
-    ) -> None:
-        p = v.conv_problem(
-            self._memory(),
-            ("input_ptr", input_ptr, input_shape),
-            ("grad_filter_ptr", grad_filter_ptr, grad_filter_shape),
-            ("grad_output_ptr", grad_output_ptr, grad_output_shape),
-            stride,
-            padding,
-        )
+    def _exec_conv2d_backward_filter(self, p: v.ConvProblem) -> None:
         total = p.k * p.c * p.fh * p.fw
         if total == 0:
             return
@@ -891,24 +765,7 @@ class WgpuBackend(TableBackend):
 
     # ------------------------------------------------------------------ attention
 
-    @guarded
-    def attention(
-        self,
-        q_ptr: int,
-        k_ptr: int,
-        v_ptr: int,
-        o_ptr: int,
-        batch: int,
-        heads: int,
-        seq_q: int,
-        seq_kv: int,
-        head_dim: int,
-        scale: float,
-        causal: bool,
-    ) -> None:
-        p = v.attention_problem(
-            self._memory(), q_ptr, k_ptr, v_ptr, o_ptr, batch, heads, seq_q, seq_kv, head_dim, scale, causal
-        )
+    def _exec_attention(self, p: v.AttentionProblem) -> None:
         dc = min(p.head_dim, 128)  # DC of wgpu_attention.wgsl: output columns per pass over the keys
         self._check_loops(
             f"attention with seq_kv {p.seq_kv} and head_dim {p.head_dim}",
@@ -979,17 +836,13 @@ class WgpuBackend(TableBackend):
         ]
         self._run(steps, copies)
 
-    @guarded
-    def reduce(self, op: Any, input_ptr: int, output_ptr: int, shape: Any, axis: int) -> None:
-        p = v.axis_problem(self._memory(), op, input_ptr, output_ptr, shape, axis)
+    def _exec_reduce(self, p: v.AxisProblem) -> None:
         if p.outer * p.inner == 0:
             return
         assert p.op is not None
         self._axis_kernel(p, "reduce", _REDUCE_CODES[p.op])
 
-    @guarded
-    def softmax(self, input_ptr: int, output_ptr: int, shape: Any, axis: int) -> None:
-        p = v.axis_problem(self._memory(), None, input_ptr, output_ptr, shape, axis)
+    def _exec_softmax(self, p: v.AxisProblem) -> None:
         if p.outer * p.length * p.inner == 0:
             return
         self._axis_kernel(p, "softmax", 0)
@@ -1023,15 +876,11 @@ class WgpuBackend(TableBackend):
             steps.append(_Step(kernel, params, (ba, bb, bo), _grid_1d(rest, 256)))
         self._run(steps, copies)
 
-    @guarded
-    def unary(self, op: Any, input_ptr: int, output_ptr: int, n: int) -> None:
-        p = v.unary_problem(self._memory(), op, input_ptr, output_ptr, n)
+    def _exec_unary(self, p: v.ElementwiseProblem) -> None:
         assert isinstance(p.op, UnaryOp)
         self._elementwise(p, "unary", _UNARY_CODES[p.op])
 
-    @guarded
-    def binary(self, op: Any, a_ptr: int, b_ptr: int, output_ptr: int, n: int) -> None:
-        p = v.binary_problem(self._memory(), op, a_ptr, b_ptr, output_ptr, n)
+    def _exec_binary(self, p: v.ElementwiseProblem) -> None:
         assert isinstance(p.op, BinaryOp)
         self._elementwise(p, "binary", _BINARY_CODES[p.op])
 
@@ -1061,16 +910,12 @@ class WgpuBackend(TableBackend):
             params = _pack(count, p.cols, src.elem, dst.elem, 0)
             self._run([_Step(kernel, params, (src, idx, dst), _grid_1d(count * p.cols, 256))], copies)
 
-    @guarded
-    def gather(self, input_ptr: int, indices: Any, output_ptr: int, rows: int, cols: int) -> None:
-        p = v.gather_problem(self._memory(), input_ptr, indices, output_ptr, rows, cols)
+    def _exec_gather(self, p: v.RowsProblem) -> None:
         if p.indices.size == 0 or p.cols == 0:
             return
         self._rows("gather", p, p.indices.astype(np.uint32), int(p.indices.size))
 
-    @guarded
-    def scatter(self, input_ptr: int, indices: Any, output_ptr: int, rows: int, cols: int) -> None:
-        p = v.scatter_problem(self._memory(), input_ptr, indices, output_ptr, rows, cols)
+    def _exec_scatter(self, p: v.RowsProblem) -> None:
         if p.indices.size == 0 or p.cols == 0:
             return
         destinations, sources = v.last_occurrences(p.indices)
