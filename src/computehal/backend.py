@@ -43,7 +43,24 @@ from .types import (
 )
 from .validation import as_dtype
 
-__all__ = ["ComputeBackend", "ForwardingBackend", "Indices", "Shape"]
+__all__ = ["COMPUTE_OPS", "ComputeBackend", "ForwardingBackend", "Indices", "Shape"]
+
+#: The compute operations of the trait, in the order of its documentation.
+COMPUTE_OPS: tuple[str, ...] = (
+    "gemm",
+    "batched_gemm",
+    "gemm_mixed_precision",
+    "conv2d_forward",
+    "conv2d_backward_data",
+    "conv2d_backward_filter",
+    "attention",
+    "reduce",
+    "softmax",
+    "unary",
+    "binary",
+    "gather",
+    "scatter",
+)
 
 #: A shape or stride/padding list: any sequence of non-negative ints.
 Shape = Sequence[int]

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from .. import validation as v
+from ..backend import COMPUTE_OPS
 from ..errors import DeviceError, InvalidArgumentError, OutOfMemoryError, UnsupportedError
 from ..memory import ALIGNMENT, Allocation, Region, as_count
 from ..types import (
@@ -411,23 +412,7 @@ def _is_hip() -> bool:
     return bool(getattr(cupy.cuda.runtime, "is_hip", False))
 
 
-_NATIVE_OPS = frozenset(
-    {
-        "gemm",
-        "batched_gemm",
-        "gemm_mixed_precision",
-        "conv2d_forward",
-        "conv2d_backward_data",
-        "conv2d_backward_filter",
-        "attention",
-        "reduce",
-        "softmax",
-        "unary",
-        "binary",
-        "gather",
-        "scatter",
-    }
-)
+_NATIVE_OPS = frozenset(COMPUTE_OPS)
 
 
 def _text(value: object) -> str:

@@ -23,6 +23,7 @@ import numpy as np
 import pyopencl as cl
 
 from .. import validation as v
+from ..backend import COMPUTE_OPS
 from ..errors import DeviceError, InvalidArgumentError, OutOfMemoryError, UnsupportedError
 from ..kernels import kernel_files, kernel_source
 from ..memory import AddressSpace, Allocation, Region, as_count
@@ -55,23 +56,7 @@ FAMILIES = {
     "attention": "attention.cl",
 }
 
-_OPS = frozenset(
-    {
-        "gemm",
-        "batched_gemm",
-        "gemm_mixed_precision",
-        "conv2d_forward",
-        "conv2d_backward_data",
-        "conv2d_backward_filter",
-        "attention",
-        "reduce",
-        "softmax",
-        "unary",
-        "binary",
-        "gather",
-        "scatter",
-    }
-)
+_OPS = frozenset(COMPUTE_OPS)
 
 #: GEMM micro-tile (see kernels/gemm_tile.h): VW-wide vectors, MR = 2 * VW rows, NR columns.
 _GEMM_TILE = {F32: (8, 6), F64: (4, 6)}

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from .. import validation as v
+from ..backend import COMPUTE_OPS
 from ..errors import DeviceError, InvalidArgumentError, OutOfMemoryError, UnsupportedError
 from ..memory import AddressSpace, Allocation, Region
 from ..types import BinaryOp, Capabilities, DeviceInfo, MemoryKind, MixedPrecision, ReduceOp, UnaryOp
@@ -56,23 +57,7 @@ __all__ = ["WgpuBackend", "adapter_kind"]
 
 F32 = np.dtype(np.float32)
 
-_OPS = frozenset(
-    {
-        "gemm",
-        "batched_gemm",
-        "gemm_mixed_precision",
-        "conv2d_forward",
-        "conv2d_backward_data",
-        "conv2d_backward_filter",
-        "attention",
-        "reduce",
-        "softmax",
-        "unary",
-        "binary",
-        "gather",
-        "scatter",
-    }
-)
+_OPS = frozenset(COMPUTE_OPS)
 
 #: Bytes reserved per dispatch in the uniform ring (>= any minUniformBufferOffsetAlignment).
 _SLOT = 256

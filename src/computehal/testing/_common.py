@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..backend import ComputeBackend
+from ..backend import COMPUTE_OPS, ComputeBackend
 
 __all__ = [
     "Case",
@@ -29,25 +29,7 @@ EPS32 = float(np.finfo(np.float32).eps)
 EPS64 = float(np.finfo(np.float64).eps)
 
 #: Case groups, in report order: the compute methods of the trait, then memory and lifecycle.
-OPS: tuple[str, ...] = (
-    "gemm",
-    "batched_gemm",
-    "gemm_mixed_precision",
-    "conv2d_forward",
-    "conv2d_backward_data",
-    "conv2d_backward_filter",
-    "attention",
-    "reduce",
-    "softmax",
-    "unary",
-    "binary",
-    "gather",
-    "scatter",
-    "alloc",
-    "free",
-    "copy",
-    "lifecycle",
-)
+OPS: tuple[str, ...] = (*COMPUTE_OPS, "alloc", "free", "copy", "lifecycle")
 
 
 @dataclass(frozen=True)
