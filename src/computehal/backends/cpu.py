@@ -789,19 +789,22 @@ class CpuBackend(TableBackend):
             and x.size >= KERNEL_THRESHOLD
             and (kernels := _kernels()) is not None
         ):
-            # Strided axis: each thread folds whole rows of a column range into an
-            # L1-resident accumulator (NumPy's fmax.reduce along axis 0 runs below bandwidth).
-            width = max(64, -(-p.inner // _workers()))
+            # Strided axis: each thread streams whole contiguous rows (a share of the
+            # reduced axis) into its own accumulator row; the few partial rows are then
+            # folded together (NumPy's fmax.reduce along axis 0 runs below bandwidth).
             largest = p.op is ReduceOp.MAX
-            panels = [
-                (o, c0, min(p.inner, c0 + width)) for o in range(p.outer) for c0 in range(0, p.inner, width)
-            ]
+            parts = max(1, min(_workers(), p.length))
+            partial = np.empty((p.outer, parts, p.inner), dtype=F32)
+            cuts = [p.length * i // parts for i in range(parts + 1)]
 
-            def run_panels(start: int, stop: int) -> None:
-                for o, c0, c1 in panels[start:stop]:
-                    kernels.extreme_columns(x[o], target[o, c0:c1], c0, c1, largest)
+            def run_parts(start: int, stop: int) -> None:
+                for t in range(start, stop):
+                    o, i = divmod(t, parts)
+                    kernels.extreme_columns(x[o, cuts[i] : cuts[i + 1]], partial[o, i], 0, p.inner, largest)
 
-            _parallel_ranges(len(panels), run_panels, grain=max(1, PARALLEL_THRESHOLD // (p.length * width)))
+            _parallel_ranges(p.outer * parts, run_parts, grain=1)
+            fold = np.fmax if largest else np.fmin
+            fold.reduce(partial, axis=1, out=target)
             if aliased:
                 out[...] = target
             return
