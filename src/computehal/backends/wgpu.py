@@ -86,6 +86,8 @@ _BIND_GROUP_CACHE = 1024
 #: for the kernels' fixed loops) raises UnsupportedError rather than return a wrong answer.
 _LLVMPIPE_LOOP_BUDGET = 60000
 _LLVMPIPE_K_CHUNK = 32768
+#: Output columns per pass over the keys in wgpu_attention.wgsl (its DC).
+_ATTENTION_DC = 128
 
 _UNARY_CODES = {op: i for i, op in enumerate(UnaryOp)}
 _BINARY_CODES = {op: i for i, op in enumerate(BinaryOp)}
@@ -107,7 +109,7 @@ _KERNELS: dict[str, tuple[str, int]] = {
     "conv_forward": ("wgpu_conv.wgsl", 3),
     "conv_backward_data": ("wgpu_conv.wgsl", 3),
     "conv_backward_filter": ("wgpu_conv.wgsl", 3),
-    "attention": ("wgpu_attention.wgsl", 4),
+    "attention": ("wgpu_attention.wgsl", 5),
     "reduce_thread": ("wgpu_reduce.wgsl", 2),
     "reduce_group": ("wgpu_reduce.wgsl", 2),
     "reduce_partial": ("wgpu_reduce.wgsl", 2),
@@ -751,26 +753,54 @@ class WgpuBackend(TableBackend):
     # ------------------------------------------------------------------ attention
 
     def _exec_attention(self, p: v.AttentionProblem) -> None:
-        dc = min(p.head_dim, 128)  # DC of wgpu_attention.wgsl: output columns per pass over the keys
-        self._check_loops(
-            f"attention with seq_kv {p.seq_kv} and head_dim {p.head_dim}",
-            -(-p.head_dim // dc) * (p.seq_kv * (3 + p.head_dim + dc) + dc + 3) + 1,
-        )
         heads = p.batch * p.heads
         bq, bk, bv = self._bind("q_ptr", p.q), self._bind("k_ptr", p.k), self._bind("v_ptr", p.v)
         bo, copies = self._output("o_ptr", p.o, p.q, p.k, p.v)
         offset = max(-(2**31), min(2**31 - 1, p.causal_offset))
-        params = _pack(
-            heads, p.seq_q, p.seq_kv, p.head_dim, p.causal, offset,
-            bq.elem, bk.elem, bv.elem, bo.elem, float(np.float32(p.scale)),
-        )  # fmt: skip
         gy = min(heads, _MAX_GROUPS)
         grid = (-(-p.seq_q // 64), gy, -(-heads // gy))
         if grid[0] > _MAX_GROUPS or grid[2] > _MAX_GROUPS:
             raise UnsupportedError(
                 f"attention over {heads} heads x {p.seq_q} queries exceeds the dispatch grid limits"
             )
-        self._run([_Step("attention", params, (bq, bk, bv, bo), grid)], copies)
+        # Loop iterations of one invocation (see wgpu_attention.wgsl): per DC-column chunk,
+        # per key the key loop, the score loop over head_dim and the accumulator loop over
+        # the chunk; per chunk the state load / store and output loops.
+        dc = min(p.head_dim, _ATTENTION_DC)
+        chunks = -(-p.head_dim // _ATTENTION_DC)
+        per_key = p.head_dim + dc + 3
+        fixed = 3 * (dc + 1) + 4
+        one_pass = chunks * (p.seq_kv * per_key + fixed) + 1
+        stride = p.head_dim + 2 * chunks
+        base = (heads, p.seq_q, p.seq_kv, p.head_dim, p.causal, offset, bq.elem, bk.elem, bv.elem, bo.elem)
+        scale = float(np.float32(p.scale))
+        if self._loop_budget is None or one_pass <= self._loop_budget:
+            params = _pack(*base, scale, 0, p.head_dim, 0, p.seq_kv, 1, 1, stride)
+            dummy = self._binding_of(self._dummy, 16, cached=True)
+            self._run([_Step("attention", params, (bq, bk, bv, bo, dummy), grid)], copies)
+            return
+        # llvmpipe: one column chunk and a range of keys per dispatch; the online-softmax
+        # state of every row is carried between the dispatches in a scratch buffer, so the
+        # result is that of a single pass.
+        keys = (self._loop_budget - fixed - 2) // per_key
+        self._check_loops(
+            f"attention with head_dim {p.head_dim} (one key per shader invocation)", per_key + fixed + 2
+        )
+        nbytes = 4 * heads * p.seq_q * stride
+        if nbytes > self._max_binding:
+            raise UnsupportedError(
+                f"attention over {heads * p.seq_q} query rows needs a {nbytes}-byte state buffer, above "
+                f"this device's maxStorageBufferBindingSize ({self._max_binding} bytes)"
+            )
+        state = self._binding_of(self._temporary(nbytes, "computehal-attention-state"), nbytes)
+        steps = []
+        for c in range(chunks):
+            d_lo, d_hi = c * _ATTENTION_DC, min(p.head_dim, (c + 1) * _ATTENTION_DC)
+            for kv_lo in range(0, p.seq_kv, keys):
+                kv_hi = min(p.seq_kv, kv_lo + keys)
+                params = _pack(*base, scale, d_lo, d_hi, kv_lo, kv_hi, kv_lo == 0, kv_hi == p.seq_kv, stride)
+                steps.append(_Step("attention", params, (bq, bk, bv, bo, state), grid))
+        self._run(steps, copies)
 
     # ------------------------------------------------------------------ reductions
 

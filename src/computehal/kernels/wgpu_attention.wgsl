@@ -7,6 +7,15 @@
 // output columns (the scores are recomputed per chunk). Causal masking is bottom-right
 // aligned: query i sees key j iff j <= i + causal_offset. A query that sees no key gets
 // a zero row.
+//
+// One dispatch may cover only part of the work: output columns [d_lo, d_hi) (multiples
+// of DC) and keys [kv_lo, kv_hi). Unless `first` is set, an invocation resumes the
+// online-softmax state of its row (unnormalised accumulator, running maximum, running
+// sum per DC-column chunk) from the scratch buffer S; unless `last` is set it stores the
+// state back instead of writing O. Consecutive dispatches over consecutive key ranges
+// therefore perform exactly the arithmetic of one pass over all keys (used where an
+// adapter limits the loop iterations of one invocation, see wgpu.py). Row r's state
+// lies at S[r * s_stride ..]: d accumulator columns, then (max, sum) per column chunk.
 
 struct Params {
     rows: u32, // batch * heads
@@ -20,6 +29,13 @@ struct Params {
     v_off: u32,
     o_off: u32,
     scale: f32,
+    d_lo: u32,
+    d_hi: u32,
+    kv_lo: u32,
+    kv_hi: u32,
+    first: u32,
+    last: u32,
+    s_stride: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -27,6 +43,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> K: array<f32>;
 @group(0) @binding(3) var<storage, read_write> V: array<f32>;
 @group(0) @binding(4) var<storage, read_write> O: array<f32>;
+@group(0) @binding(5) var<storage, read_write> S: array<f32>;
 
 const WG: u32 = 64u;
 const DC: u32 = 128u;
@@ -64,16 +81,28 @@ fn attention(
     }
 
     var acc: array<f32, 128>;
-    for (var d0 = 0u; d0 < P.d; d0 += DC) {
+    let s_row = row * P.s_stride;
+    let j_end = min(P.kv_hi, kv_end_block);
+    for (var d0 = P.d_lo; d0 < P.d_hi; d0 += DC) {
         let dn = min(DC, P.d - d0);
-        for (var d = 0u; d < dn; d++) {
-            acc[d] = 0.0;
-        }
+        let s_acc = s_row + d0;
+        let s_ms = s_row + P.d + 2u * (d0 / DC);
         // Running maximum starts at the most negative finite float so that no
         // inf - inf ever occurs; weights of keys a row may not see are forced to 0.
         var running_max = -3.4028234663852886e38;
         var running_sum = 0.0;
-        for (var j = 0u; j < kv_end_block; j++) {
+        if (P.first != 0u) {
+            for (var d = 0u; d < dn; d++) {
+                acc[d] = 0.0;
+            }
+        } else {
+            for (var d = 0u; d < dn; d++) {
+                acc[d] = S[s_acc + d];
+            }
+            running_max = S[s_ms];
+            running_sum = S[s_ms + 1u];
+        }
+        for (var j = P.kv_lo; j < j_end; j++) {
             let k_row = k_head + j * P.d;
             var score = 0.0;
             for (var d = 0u; d < P.d; d++) {
@@ -92,7 +121,13 @@ fn attention(
             running_max = new_max;
         }
         if (valid) {
-            if (kv_end == 0u) {
+            if (P.last == 0u) {
+                for (var d = 0u; d < dn; d++) {
+                    S[s_acc + d] = acc[d];
+                }
+                S[s_ms] = running_max;
+                S[s_ms + 1u] = running_sum;
+            } else if (kv_end == 0u) {
                 for (var d = 0u; d < dn; d++) {
                     O[o_base + d0 + d] = 0.0;
                 }
