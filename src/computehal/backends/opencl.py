@@ -39,7 +39,7 @@ from ..types import (
 )
 from ._base import TableBackend, guarded
 
-__all__ = ["OpenCLBackend", "kernel_source", "kernel_files", "list_devices"]
+__all__ = ["KERNEL_PROFILES", "OpenCLBackend", "kernel_source", "kernel_files", "list_devices"]
 
 F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)
@@ -52,6 +52,7 @@ FAMILIES = {
     "reduce": "reduce.cl",
     "gather": "gather.cl",
     "gemm": "gemm.cl",
+    "gemm_wg": "gemm_wg.cl",
     "conv": "conv.cl",
     "attention": "attention.cl",
 }
@@ -60,6 +61,13 @@ _OPS = frozenset(COMPUTE_OPS)
 
 #: GEMM micro-tile (see kernels/gemm_tile.h): VW-wide vectors, MR = 2 * VW rows, NR columns.
 _GEMM_TILE = {F32: (8, 6), F64: (4, 6)}
+#: Work-group tiled GEMM of the GPU profile (kernels/gemm_wg.cl): work-group TSX x TSY, a WM x WN
+#: register block per work-item (a TM = TSX * WM by TN = TSY * WN tile of C per group), k staged
+#: through local memory TK at a time. The first shape the device accepts is used.
+_WG_TILES = ((16, 16, 4, 4, 16), (8, 8, 4, 4, 16), (4, 4, 4, 4, 8), (1, 1, 4, 4, 4))
+#: Kernel profiles: "cpu" (one work-item per group, vector register tiles, contiguous folds) and
+#: "gpu" (work-group tiles staged in local memory, interleaved folds, one element per work-item).
+KERNEL_PROFILES = ("cpu", "gpu")
 #: Largest walk of NR-blocks one GEMM work-item makes along n.
 _MAX_NB = 24
 #: Upper bound for the packed A and B panels of one GEMM chunk, in bytes.
@@ -221,6 +229,15 @@ class OpenCLBackend(TableBackend):
     device_filter : str or callable, optional
         Only use devices whose name contains this text, or for which the callable returns
         True when given the ``pyopencl.Device``.
+    kernel_profile : {"gpu", "cpu"}, optional
+        Launch shapes to use. ``"cpu"``: GEMM and convolution by one work-item per work-group
+        with a vector register tile over packed panels, contiguous folds in reductions, several
+        elements per element-wise work-item and the single-work-item attention kernel (fast on
+        CPU devices such as PoCL). ``"gpu"``: GEMM and convolution by work-group tiles staged
+        in local memory (``kernels/gemm_wg.cl``), interleaved (coalesced) reduction folds, one
+        element per work-item and the work-group attention kernel. By default the device type
+        decides: GPU and accelerator devices get ``"gpu"``, every other device ``"cpu"``.
+        Forcing ``"gpu"`` on a CPU device runs (and tests) the GPU kernels there.
     """
 
     def __init__(
@@ -229,10 +246,18 @@ class OpenCLBackend(TableBackend):
         *,
         platform: str | None = None,
         device_filter: str | Callable[[Any], bool] | None = None,
+        kernel_profile: str | None = None,
     ) -> None:
         super().__init__()
         if isinstance(device, bool) or not isinstance(device, int) or device < 0:
             raise InvalidArgumentError(f"device must be a non-negative integer ordinal, got {device!r}")
+        if kernel_profile is not None and kernel_profile not in KERNEL_PROFILES:
+            raise InvalidArgumentError(
+                f"kernel_profile must be one of {KERNEL_PROFILES} or None, got {kernel_profile!r}"
+            )
+        self._requested_profile = kernel_profile
+        self._profile = kernel_profile or "cpu"
+        self._wg_tile = _WG_TILES[0]
         self._ordinal = device
         self._platform_filter = platform
         self._device_filter = device_filter
@@ -291,16 +316,28 @@ class OpenCLBackend(TableBackend):
         """Name of the device this backend uses (or will use after ``init``)."""
         return str(self._selected().name).strip()
 
+    @property
+    def kernel_profile(self) -> str:
+        """The kernel profile in use, ``"gpu"`` or ``"cpu"`` (decided by the device at ``init``
+        unless the constructor forced one)."""
+        return self._profile
+
     def recommended_tile_for(self, m: int, n: int, k: int) -> TileShape:
         """The float32 tile the GEMM kernel uses for this problem.
 
-        ``tile_m`` rows and ``tile_n`` columns of C belong to one work-item: an MR x NR
-        register block walked ``tile_n / NR`` times along n. ``tile_k`` is 1: k streams
-        through the registers one rank-1 update at a time from packed panels.
+        CPU profile: ``tile_m`` rows and ``tile_n`` columns of C belong to one work-item, an
+        MR x NR register block walked ``tile_n / NR`` times along n; ``tile_k`` is 1 (k streams
+        through the registers one rank-1 update at a time from packed panels).
+
+        GPU profile: ``tile_m`` x ``tile_n`` is the tile of C of one work-group (TSX * WM by
+        TSY * WN) and ``tile_k`` the depth staged in local memory per step.
         """
         self._memory()
         mm, nn = as_count("m", m), as_count("n", n)
         as_count("k", k)
+        if self._profile == "gpu":
+            tsx, tsy, wm, wn, tk = self._wg_tile
+            return TileShape(tsx * wm, tsy * wn, tk)
         vw, nr = _GEMM_TILE[F32]
         mr = 2 * vw
         nb = self._walk(_ceil_div(max(mm, 1), mr), _ceil_div(max(nn, 1), nr), 1)
@@ -324,13 +361,27 @@ class OpenCLBackend(TableBackend):
         self._local_mem = int(dev.local_mem_size)
         #: Work-group size of the row reductions: a power of two the device accepts.
         self._reduce_ls = 1 << (min(_REDUCE_LS, self._max_wg).bit_length() - 1)
-        #: CPU devices fold contiguous slabs per work-item (vector code); GPUs interleave.
-        self._contig = int(bool(dev.type & cl.device_type.CPU))
+        gpu_like = bool(dev.type & (cl.device_type.GPU | cl.device_type.ACCELERATOR))
+        self._profile = self._requested_profile or ("gpu" if gpu_like else "cpu")
+        cpu = self._profile == "cpu"
+        #: The CPU profile folds contiguous slabs per work-item (vector code); the GPU one interleaves.
+        self._contig = int(cpu)
         #: Elements per element-wise work-item: a vectorisable run on CPUs, one on GPUs.
-        self._ew = _EW_CPU if self._contig else 1
-        #: CPU devices run attention with the single-work-item vector kernel; GPUs with the
-        #: work-group kernel (both are exercised by the tests on PoCL).
-        self.vector_attention = bool(dev.type & cl.device_type.CPU)
+        self._ew = _EW_CPU if cpu else 1
+        #: The CPU profile runs attention with the single-work-item vector kernel; the GPU one
+        #: with the work-group kernel (both are exercised by the tests on PoCL).
+        self.vector_attention = cpu
+        self._wg_tile = self._pick_wg_tile(dev)
+
+    def _pick_wg_tile(self, dev: Any) -> tuple[int, int, int, int, int]:
+        """The largest work-group GEMM tile whose group size and float64 local tiles fit ``dev``."""
+        sizes = list(_device_attr(dev, "max_work_item_sizes") or [self._max_wg] * 3)
+        for tile in _WG_TILES:
+            tsx, tsy, wm, wn, tk = tile
+            local = (tk * (tsx * wm + 1) + tk * (tsy * wn + 1)) * 8
+            if tsx * tsy <= self._max_wg and tsx <= sizes[0] and tsy <= sizes[1] and local <= self._local_mem:
+                return tile
+        return _WG_TILES[-1]
 
     def _new_buffer(self, nbytes: int) -> Any:
         if nbytes > self._max_alloc:
@@ -512,6 +563,14 @@ class OpenCLBackend(TableBackend):
         ldc: int,
     ) -> None:
         """Run the micro-kernel over packed panels: C = alpha * Ap * Bp + beta * C per batch."""
+        if self._profile == "gpu":
+            self._wg_launch(
+                dtype, m, n, k, alpha, beta, batches,
+                _Operand(ap, 0), ap_stride, (0, 0, 1),
+                _Operand(bp, 0), bp_stride, (0, 0, 1),
+                c, c_stride, ldc,
+            )  # fmt: skip
+            return
         vw, nr = _GEMM_TILE[dtype]
         mr = 2 * vw
         a_panels, b_panels = _ceil_div(m, mr), _ceil_div(n, nr)
@@ -524,6 +583,61 @@ class OpenCLBackend(TableBackend):
             (1, 1, 1),
             ap, I64(ap_stride), bp, I64(bp_stride), c.buffer, I64(c.offset), I64(c_stride), I32(ldc),
             I32(m), I32(n), I32(k), real(alpha), real(beta), I32(nb),
+        )  # fmt: skip
+
+    def _wg_kernel(self, dtype: np.dtype[Any]) -> Any:
+        """The work-group tiled GEMM kernel (GPU profile) for ``dtype``."""
+        vw, nr = _GEMM_TILE[dtype]
+        tsx, tsy, wm, wn, tk = self._wg_tile
+        defines: dict[str, Any] = {
+            "REAL": "double" if dtype == F64 else "float",
+            "VW": vw,
+            "NR": nr,
+            "TSX": tsx,
+            "TSY": tsy,
+            "WM": wm,
+            "WN": wn,
+            "TK": tk,
+        }
+        if dtype == F64:
+            defines["USE_FP64"] = 1
+        return self._kernel("gemm_wg", "gemm_wg", **defines)
+
+    def _wg_launch(
+        self,
+        dtype: np.dtype[Any],
+        m: int,
+        n: int,
+        k: int,
+        alpha: float,
+        beta: float,
+        batches: int,
+        a: _Operand,
+        a_stride: int,
+        a_layout: tuple[int, int, int],
+        b: _Operand,
+        b_stride: int,
+        b_layout: tuple[int, int, int],
+        c: _Operand,
+        c_stride: int,
+        ldc: int,
+        mode: int = 0,
+    ) -> None:
+        """One launch of the work-group tiled kernel over every batch.
+
+        ``a_layout`` / ``b_layout`` are (row stride, column stride, layout code) of op(A) and
+        op(B) as ``kernels/gemm_wg.cl`` describes them (code 1: gemm.cl's packed panels).
+        """
+        tsx, tsy, wm, wn, _ = self._wg_tile
+        real = dtype.type
+        self._launch(
+            self._wg_kernel(dtype),
+            (_ceil_div(m, tsx * wm) * tsx, _ceil_div(n, tsy * wn) * tsy, batches),
+            (tsx, tsy, 1),
+            a.buffer, I64(a.offset), I64(a_stride), I64(a_layout[0]), I64(a_layout[1]), I32(a_layout[2]),
+            b.buffer, I64(b.offset), I64(b_stride), I64(b_layout[0]), I64(b_layout[1]), I32(b_layout[2]),
+            c.buffer, I64(c.offset), I64(c_stride), I32(ldc), I32(m), I32(n), I32(k),
+            real(alpha), real(beta), I32(mode),
         )  # fmt: skip
 
     def _gemm(
@@ -552,6 +666,20 @@ class OpenCLBackend(TableBackend):
                 c.buffer, I64(c.offset), I64(strides[2]), I32(p.ldc), I32(p.m), I32(p.n), real(p.beta),
             )  # fmt: skip
             return
+        span_a, span_b, span_c = spans if spans is not None else (p.a, p.b, p.c)
+        sa, sb, sc = strides
+        if self._profile == "gpu":
+            # One launch reads op(A) and op(B) in place while it writes C: snapshot operands
+            # that overlap C first.
+            a = self._input(span_a, [span_c], size)
+            b = self._input(span_b, [span_c], size)
+            a_strides = (p.lda, 1) if p.trans_a else (1, p.lda)
+            b_strides = (p.ldb, 1) if p.trans_b else (1, p.ldb)
+            self._wg_launch(
+                dtype, p.m, p.n, p.k, p.alpha, p.beta, batches,
+                a, sa, (*a_strides, 0), b, sb, (*b_strides, 0), c, sc, p.ldc, mode,
+            )  # fmt: skip
+            return
         vw, nr = _GEMM_TILE[dtype]
         mr = 2 * vw
         # Packed panels live in scratch; problems whose panels exceed _GEMM_SCRATCH are done in
@@ -563,10 +691,8 @@ class OpenCLBackend(TableBackend):
         cols_step = _round_up(p.n, nr) if per_batch <= limit else max(nr, (limit // 2 // p.k) // nr * nr)
         chunked = batch_step < batches or rows_step < p.m or cols_step < p.n
         # Chunks pack operands after earlier chunks wrote C: snapshot operands that overlap C.
-        span_a, span_b, span_c = spans if spans is not None else (p.a, p.b, p.c)
         a = self._input(span_a, [span_c] if chunked else [], size)
         b = self._input(span_b, [span_c] if chunked else [], size)
-        sa, sb, sc = strides
         for b0 in range(0, batches, batch_step):
             nb = min(batch_step, batches - b0)
             for i0 in range(0, p.m, rows_step):
