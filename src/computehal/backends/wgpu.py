@@ -115,6 +115,9 @@ _KERNELS: dict[str, tuple[str, int]] = {
     "reduce_partial": ("wgpu_reduce.wgsl", 2),
     "softmax_thread": ("wgpu_reduce.wgsl", 2),
     "softmax_group": ("wgpu_reduce.wgsl", 2),
+    "softmax_split_stats": ("wgpu_reduce.wgsl", 3),
+    "softmax_split_sums": ("wgpu_reduce.wgsl", 3),
+    "softmax_split_write": ("wgpu_reduce.wgsl", 3),
     "gather": ("wgpu_rows.wgsl", 3),
     "scatter": ("wgpu_rows.wgsl", 3),
 }
@@ -808,16 +811,17 @@ class WgpuBackend(TableBackend):
         slices = p.outer * p.inner
         passes = 3 if name == "softmax" else 1  # softmax reads each slice three times
         group = p.length >= 256 and (p.inner == 1 or slices < 4096)
-        if not (name == "reduce" and slices <= _SPLIT_SLICES and p.length >= _SPLIT_LENGTH):
-            self._check_loops(
-                f"{name} over an axis of {p.length}",
-                passes * (-(-p.length // 256) + 11) if group else passes * (p.length + 1),
-            )
+        loops = passes * (-(-p.length // 256) + 11) if group else passes * (p.length + 1)
+        # Few very long slices, or slices too long for one invocation on llvmpipe: split
+        # each slice into chunks reduced by separate workgroups, then combine.
+        split = (slices <= _SPLIT_SLICES and p.length >= _SPLIT_LENGTH) or (
+            self._loop_budget is not None and loops > self._loop_budget
+        )
         src = self._bind("input_ptr", p.input)
         in_place = name == "softmax"
         dst, copies = self._output("output_ptr", p.output, p.input, in_place_ok=in_place)
-        if name == "reduce" and slices <= _SPLIT_SLICES and p.length >= _SPLIT_LENGTH:
-            self._split_reduce(p, op_code, src, dst, copies)
+        if split:
+            self._split_axis(p, name, op_code, src, dst, copies)
             return
         params = _pack(p.outer, p.length, p.inner, src.elem, dst.elem, op_code, slices, 0, p.length)
         # Few long slices: a workgroup per slice; otherwise an invocation per slice.
@@ -832,23 +836,41 @@ class WgpuBackend(TableBackend):
             grid = _grid_1d(slices, 256)
         self._run([_Step(kernel, params, (src, dst), grid)], copies)
 
-    def _split_reduce(
-        self, p: v.AxisProblem, op_code: int, src: _Binding, dst: _Binding, copies: list[_Copy]
+    def _split_axis(
+        self, p: v.AxisProblem, name: str, op_code: int, src: _Binding, dst: _Binding, copies: list[_Copy]
     ) -> None:
-        """Reduce few very long slices in two passes so that many workgroups share each slice."""
+        """Reduce or softmax few very long slices in passes so that many workgroups share each slice.
+
+        Every slice is cut into at most _SPLIT_MAX_CHUNKS chunks of at least
+        _SPLIT_CHUNK elements; one workgroup per (chunk, slice) writes partial results
+        to a scratch buffer that the next pass combines (see wgpu_reduce.wgsl). No
+        invocation loops more than chunk / 256 + chunks / 256 times.
+        """
         slices = p.outer * p.inner
         chunk = max(_SPLIT_CHUNK, -(-p.length // _SPLIT_MAX_CHUNKS))
         chunks = -(-p.length // chunk)
-        partial_op = 0 if op_code == _REDUCE_CODES[ReduceOp.MEAN] else op_code
-        temp = self._binding_of(
-            self._temporary(4 * slices * chunks, "computehal-partials"), 4 * slices * chunks
-        )
-        first = _pack(p.outer, p.length, p.inner, src.elem, 0, partial_op, slices, chunk, p.length)
-        second = _pack(slices, chunks, 1, 0, dst.elem, op_code, slices, 0, p.length)
-        steps = [
-            _Step("reduce_partial", first, (src, temp), (chunks, slices, 1)),
-            _Step("reduce_group", second, (temp, dst), (slices, 1, 1)),
-        ]
+        if slices > _MAX_GROUPS:
+            raise UnsupportedError(f"{slices} slices exceed the device's dispatch grid limits")
+        self._check_loops(f"{name} over an axis of {p.length}", 2 * (-(-chunk // 256) + -(-chunks // 256)) + 30)
+        grid = (chunks, slices, 1)
+        if name == "reduce":
+            partial_op = 0 if op_code == _REDUCE_CODES[ReduceOp.MEAN] else op_code
+            nbytes = 4 * slices * chunks
+            temp = self._binding_of(self._temporary(nbytes, "computehal-partials"), nbytes)
+            first = _pack(p.outer, p.length, p.inner, src.elem, 0, partial_op, slices, chunk, p.length)
+            second = _pack(slices, chunks, 1, 0, dst.elem, op_code, slices, 0, p.length)
+            steps = [
+                _Step("reduce_partial", first, (src, temp), grid),
+                _Step("reduce_group", second, (temp, dst), (slices, 1, 1)),
+            ]
+        else:
+            nbytes = 12 * slices * chunks
+            temp = self._binding_of(self._temporary(nbytes, "computehal-partials"), nbytes)
+            params = _pack(p.outer, p.length, p.inner, src.elem, dst.elem, 0, slices, chunk, p.length)
+            steps = [
+                _Step(f"softmax_split_{stage}", params, (src, dst, temp), grid)
+                for stage in ("stats", "sums", "write")
+            ]
         self._run(steps, copies)
 
     def _exec_reduce(self, p: v.AxisProblem) -> None:

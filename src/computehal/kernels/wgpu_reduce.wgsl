@@ -22,6 +22,9 @@ struct Params {
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read_write> X: array<f32>;
 @group(0) @binding(2) var<storage, read_write> Y: array<f32>;
+// Partial results of the split softmax (softmax_split_*): per (slice, chunk) the chunk's
+// maximum and NaN count, then after them the chunk's sum of exp(x - slice peak).
+@group(0) @binding(3) var<storage, read_write> T: array<f32>;
 
 const WG: u32 = 256u;
 
@@ -217,6 +220,126 @@ fn softmax_group(
     for (var l = lidx; l < P.length; l += WG) {
         let idx = base + l * P.inner;
         let e = exp(X[P.in_off + idx] - slice_peak);
+        Y[P.out_off + idx] = select(e * inv, f32_nan(), poisoned);
+    }
+}
+
+// Softmax of few very long slices in three passes over a grid of (chunk, slice)
+// workgroups, each folding elements [c * chunk, (c + 1) * chunk) of its slice; the
+// chunk count is num_workgroups.x. Pass 1 stores each chunk's maximum and NaN count;
+// pass 2 folds those into the slice peak and stores each chunk's sum of exp(x - peak);
+// pass 3 folds the sums and writes the outputs. The semantics are those of
+// softmax_group (NaN anywhere, or a peak that is not finite, makes the slice NaN).
+@compute @workgroup_size(256)
+fn softmax_split_stats(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lidx: u32,
+) {
+    let c = wid.x;
+    let slice = wid.y;
+    let base = P.in_off + (slice / P.inner) * P.length * P.inner + slice % P.inner;
+    let lo = c * P.chunk;
+    let hi = min(lo + P.chunk, P.length);
+    var peak = f32_neg_inf();
+    var nan_count = 0.0;
+    for (var l = lo + lidx; l < hi; l += WG) {
+        let x = X[base + l * P.inner];
+        nan_count += select(0.0, 1.0, is_nan(x));
+        peak = fmax_nan(peak, x);
+    }
+    partial[lidx] = peak;
+    partial2[lidx] = nan_count;
+    for (var half = WG / 2u; half > 0u; half /= 2u) {
+        workgroupBarrier();
+        if (lidx < half) {
+            partial[lidx] = fmax_nan(partial[lidx], partial[lidx + half]);
+            partial2[lidx] += partial2[lidx + half];
+        }
+    }
+    workgroupBarrier();
+    if (lidx == 0u) {
+        let at = 2u * (slice * nwg.x + c);
+        T[at] = partial[0];
+        T[at + 1u] = partial2[0];
+    }
+}
+
+// The peak of `slice` and whether the slice is poisoned, from pass 1's results (every
+// invocation of the workgroup gets the same values).
+fn split_peak(slice: u32, chunks: u32, lidx: u32) -> vec2<f32> {
+    var peak = f32_neg_inf();
+    var nan_count = 0.0;
+    for (var c = lidx; c < chunks; c += WG) {
+        let at = 2u * (slice * chunks + c);
+        peak = fmax_nan(peak, T[at]);
+        nan_count += T[at + 1u];
+    }
+    workgroupBarrier();
+    partial[lidx] = peak;
+    partial2[lidx] = nan_count;
+    for (var half = WG / 2u; half > 0u; half /= 2u) {
+        workgroupBarrier();
+        if (lidx < half) {
+            partial[lidx] = fmax_nan(partial[lidx], partial[lidx + half]);
+            partial2[lidx] += partial2[lidx + half];
+        }
+    }
+    workgroupBarrier();
+    let result = vec2<f32>(partial[0], partial2[0]);
+    workgroupBarrier();
+    return result;
+}
+
+@compute @workgroup_size(256)
+fn softmax_split_sums(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lidx: u32,
+) {
+    let c = wid.x;
+    let slice = wid.y;
+    let base = P.in_off + (slice / P.inner) * P.length * P.inner + slice % P.inner;
+    let lo = c * P.chunk;
+    let hi = min(lo + P.chunk, P.length);
+    let peak = split_peak(slice, nwg.x, lidx).x;
+    var total = 0.0;
+    for (var l = lo + lidx; l < hi; l += WG) {
+        total += exp(X[base + l * P.inner] - peak);
+    }
+    partial[lidx] = total;
+    tree(0u, lidx);
+    if (lidx == 0u) {
+        T[2u * P.slices * nwg.x + slice * nwg.x + c] = partial[0];
+    }
+}
+
+@compute @workgroup_size(256)
+fn softmax_split_write(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lidx: u32,
+) {
+    let c = wid.x;
+    let slice = wid.y;
+    let chunks = nwg.x;
+    let base = (slice / P.inner) * P.length * P.inner + slice % P.inner;
+    let lo = c * P.chunk;
+    let hi = min(lo + P.chunk, P.length);
+    let stats = split_peak(slice, chunks, lidx);
+    let peak = stats.x;
+    let poisoned = stats.y > 0.0 || !is_finite(peak);
+    var total = 0.0;
+    let sums = 2u * P.slices * chunks + slice * chunks;
+    for (var k = lidx; k < chunks; k += WG) {
+        total += T[sums + k];
+    }
+    partial[lidx] = total;
+    tree(0u, lidx);
+    let inv = 1.0 / partial[0];
+    for (var l = lo + lidx; l < hi; l += WG) {
+        let idx = base + l * P.inner;
+        let e = exp(X[P.in_off + idx] - peak);
         Y[P.out_off + idx] = select(e * inv, f32_nan(), poisoned);
     }
 }
