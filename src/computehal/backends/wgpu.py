@@ -851,7 +851,8 @@ class WgpuBackend(TableBackend):
         chunks = -(-p.length // chunk)
         if slices > _MAX_GROUPS:
             raise UnsupportedError(f"{slices} slices exceed the device's dispatch grid limits")
-        self._check_loops(f"{name} over an axis of {p.length}", 2 * (-(-chunk // 256) + -(-chunks // 256)) + 30)
+        per_invocation = 2 * (-(-chunk // 256) + -(-chunks // 256)) + 30
+        self._check_loops(f"{name} over an axis of {p.length}", per_invocation)
         grid = (chunks, slices, 1)
         if name == "reduce":
             partial_op = 0 if op_code == _REDUCE_CODES[ReduceOp.MEAN] else op_code
