@@ -715,13 +715,42 @@ class WgpuBackend(TableBackend):
 
     # ------------------------------------------------------------------ convolution
 
+    def _conv_ranges(self, kernel: str, p: v.ConvProblem) -> list[tuple[int, int, int, int]]:
+        """The (r_lo, r_hi, q_lo, q_hi) ranges of the dispatches of one convolution.
+
+        One dispatch covers the whole sum unless an invocation would exceed llvmpipe's
+        loop budget; then the outer summed dimension (and, for the filter gradient, the
+        output rows) is cut so that each dispatch stays within it (see wgpu_conv.wgsl).
+        """
+        budget = self._loop_budget
+        if kernel == "conv_forward":
+            outer, per = p.c, 2 + p.fh * (2 + p.fw)
+        elif kernel == "conv_backward_data":
+            outer, per = p.k, 0
+        else:
+            outer, per = p.n, 2 + p.oh * (2 + p.ow)
+        whole = [(0, outer, 0, p.oh)]
+        if kernel == "conv_backward_data":
+            # Loops: 1 + fh * (2 + fw * (2 + filters)); cut the filters.
+            if budget is None or 1 + p.fh * (2 + p.fw * (2 + p.k)) <= budget:
+                return whole
+            step = ((budget - 1) // max(1, p.fh) - 2) // max(1, p.fw) - 2
+            self._check_loops("conv2d backward data (one filter per dispatch)", 1 + p.fh * (2 + p.fw * 3))
+            return [(lo, min(outer, lo + step), 0, p.oh) for lo in range(0, outer, step)] or whole
+        if budget is None or 1 + outer * per <= budget:
+            return whole
+        if 3 + per <= budget:
+            step = (budget - 1) // per
+            return [(lo, min(outer, lo + step), 0, p.oh) for lo in range(0, outer, step)]
+        if kernel == "conv_forward":
+            self._check_loops("conv2d forward (one channel per dispatch)", 3 + per)
+        # The filter gradient: one image and a band of output rows per dispatch.
+        rows = (budget - 4) // (2 + p.ow)
+        self._check_loops("conv2d backward filter (one output row per dispatch)", 6 + p.ow)
+        return [(n, n + 1, q, min(p.oh, q + rows)) for n in range(outer) for q in range(0, p.oh, rows)]
+
     def _conv(self, kernel: str, p: v.ConvProblem, written: str, total: int) -> None:
-        loops = {
-            "conv_forward": 1 + p.c * (2 + p.fh * (2 + p.fw)),
-            "conv_backward_data": 1 + p.fh * (2 + p.fw * (2 + p.k)),
-            "conv_backward_filter": 1 + p.n * (2 + p.oh * (2 + p.ow)),
-        }
-        self._check_loops(kernel.replace("_", " "), loops[kernel])
+        ranges = self._conv_ranges(kernel, p)
         regions = {"x": p.x, "f": p.f, "y": p.y}
         names = {"x": "input", "f": "filter", "y": "output"}
         bindings: dict[str, _Binding] = {}
@@ -729,12 +758,16 @@ class WgpuBackend(TableBackend):
         out_binding, copies = self._output(f"{names[written]}_ptr", regions[written], *others)
         for key, region in regions.items():
             bindings[key] = out_binding if key == written else self._bind(f"{names[key]}_ptr", region)
-        params = _pack(
-            p.n, p.c, p.h, p.w, p.k, p.fh, p.fw, p.oh, p.ow, p.sh, p.sw, p.ph, p.pw,
-            bindings["x"].elem, bindings["f"].elem, bindings["y"].elem, total,
-        )  # fmt: skip
-        step = _Step(kernel, params, (bindings["x"], bindings["f"], bindings["y"]), _grid_1d(total, 256))
-        self._run([step], copies)
+        grid = _grid_1d(total, 256)
+        steps = []
+        for i, (r_lo, r_hi, q_lo, q_hi) in enumerate(ranges):
+            params = _pack(
+                p.n, p.c, p.h, p.w, p.k, p.fh, p.fw, p.oh, p.ow, p.sh, p.sw, p.ph, p.pw,
+                bindings["x"].elem, bindings["f"].elem, bindings["y"].elem, total,
+                r_lo, r_hi, q_lo, q_hi, i > 0,
+            )  # fmt: skip
+            steps.append(_Step(kernel, params, (bindings["x"], bindings["f"], bindings["y"]), grid))
+        self._run(steps, copies)
 
     def _exec_conv2d_forward(self, p: v.ConvProblem) -> None:
         if p.empty_output:

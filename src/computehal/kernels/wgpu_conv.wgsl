@@ -1,5 +1,13 @@
 // Direct 2-D convolution (NCHW input, KCHW filter, cross-correlation, zero padding)
 // and its two gradients. One invocation per element of the tensor being written.
+//
+// A dispatch may cover only part of each element's sum (used where an adapter limits the
+// loop iterations of one invocation, see wgpu.py): the range [r_lo, r_hi) of the outer
+// summed dimension (input channels for conv_forward, filters for conv_backward_data,
+// images for conv_backward_filter, whose output rows are further limited to
+// [q_lo, q_hi)). With `accumulate` set the sum continues from the value already in the
+// output, so consecutive dispatches over consecutive ranges compute exactly the sum of
+// one pass.
 
 struct Params {
     n: u32,
@@ -19,6 +27,11 @@ struct Params {
     f_off: u32,
     y_off: u32,
     total: u32,
+    r_lo: u32,
+    r_hi: u32,
+    q_lo: u32,
+    q_hi: u32,
+    accumulate: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -51,7 +64,10 @@ fn conv_forward(
     let s_lo = u32(max(0, -x0));
     let s_hi = u32(clamp(i32(P.w) - x0, 0, i32(P.fw)));
     var acc = 0.0;
-    for (var ch = 0u; ch < P.c; ch++) {
+    if (P.accumulate != 0u) {
+        acc = Y[P.y_off + t];
+    }
+    for (var ch = P.r_lo; ch < P.r_hi; ch++) {
         let x_plane = P.x_off + (nn * P.c + ch) * P.h * P.w;
         let f_plane = P.f_off + (kk * P.c + ch) * P.fh * P.fw;
         for (var r = r_lo; r < r_hi; r++) {
@@ -84,6 +100,9 @@ fn conv_backward_data(
     let py = iy + P.ph;
     let px = ix + P.pw;
     var acc = 0.0;
+    if (P.accumulate != 0u) {
+        acc = X[P.x_off + t];
+    }
     for (var r = 0u; r < P.fh; r++) {
         if (r > py || (py - r) % P.sh != 0u) {
             continue;
@@ -100,7 +119,7 @@ fn conv_backward_data(
             if (ox >= P.ow) {
                 continue;
             }
-            for (var kk = 0u; kk < P.k; kk++) {
+            for (var kk = P.r_lo; kk < P.r_hi; kk++) {
                 let dy = Y[P.y_off + ((nn * P.k + kk) * P.oh + oy) * P.ow + ox];
                 let f = F[P.f_off + ((kk * P.c + ch) * P.fh + r) * P.fw + s];
                 acc = fma(dy, f, acc);
@@ -129,10 +148,13 @@ fn conv_backward_filter(
     let oy_lo = (max(P.ph, r) - r + P.sh - 1u) / P.sh;
     let ox_lo = (max(P.pw, s) - s + P.sw - 1u) / P.sw;
     var acc = 0.0;
-    for (var nn = 0u; nn < P.n; nn++) {
+    if (P.accumulate != 0u) {
+        acc = F[P.f_off + t];
+    }
+    for (var nn = P.r_lo; nn < P.r_hi; nn++) {
         let x_plane = P.x_off + (nn * P.c + ch) * P.h * P.w;
         let y_plane = P.y_off + (nn * P.k + kk) * P.oh * P.ow;
-        for (var oy = oy_lo; oy < P.oh; oy++) {
+        for (var oy = max(oy_lo, P.q_lo); oy < P.q_hi; oy++) {
             let iy = oy * P.sh + r - P.ph;
             if (iy >= P.h) {
                 break;
