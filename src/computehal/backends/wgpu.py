@@ -80,10 +80,16 @@ _BIND_GROUP_CACHE = 1024
 #: iterations have run in total, counted over all loops of the invocation together
 #: (LP_MAX_TGSI_LOOP_ITERATIONS in gallivm; measured here: a loop of n iterations costs
 #: n + 1), and the invocation then carries on with a silently truncated result. On such
-#: adapters GEMM runs k in chunks of _LLVMPIPE_K_CHUNK (C accumulated with beta = 1
-#: after the first chunk), and any other dispatch whose
-#: estimated iterations per invocation exceed _LLVMPIPE_LOOP_BUDGET (65535 less a margin
-#: for the kernels' fixed loops) raises UnsupportedError rather than return a wrong answer.
+#: adapters (only there; other adapters run every operation in its single-pass form) the
+#: work of one invocation is cut so that its estimated iterations stay within
+#: _LLVMPIPE_LOOP_BUDGET (65535 less a margin for the kernels' fixed loops): GEMM runs k
+#: in chunks of _LLVMPIPE_K_CHUNK (C accumulated with beta = 1 after the first chunk);
+#: attention runs ranges of keys in consecutive dispatches that carry each row's
+#: online-softmax state in a scratch buffer; conv2d sums ranges of its outer summed
+#: dimension in consecutive accumulating dispatches; reduce and softmax split long slices
+#: into chunks reduced by separate workgroups and combined in a further pass. Only a
+#: problem that cannot be cut that far (e.g. a single row of a filter gradient wider than
+#: the budget) raises UnsupportedError (``_check_loops``) rather than return a wrong answer.
 _LLVMPIPE_LOOP_BUDGET = 60000
 _LLVMPIPE_K_CHUNK = 32768
 #: Output columns per pass over the keys in wgpu_attention.wgsl (its DC).
