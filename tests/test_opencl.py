@@ -518,3 +518,217 @@ def test_elementwise_variants(be: Any, ew: int, n: int) -> None:
         be._ew = saved
         for ptr in (base_x, base_y, out):
             be.free(ptr)
+
+
+# --------------------------------------------------------------------------- kernel profiles
+
+
+@pytest.fixture(scope="module")
+def gpu_be() -> Iterator[Any]:
+    """One OpenCL backend with the GPU kernel profile forced (work-group tiled GEMM)."""
+    _require_device()
+    backend = OpenCLBackend(kernel_profile="gpu")
+    backend.init()
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(params=["cpu", "gpu"])
+def profiled(request: pytest.FixtureRequest, be: Any, gpu_be: Any) -> Any:
+    """The module backend of each kernel profile (``be`` is the CPU profile on PoCL's CPU device)."""
+    if request.param == "gpu":
+        return gpu_be
+    if be.kernel_profile != "cpu":
+        pytest.skip("device 0 is a GPU: the CPU profile is covered only when forced")
+    return be
+
+
+def test_kernel_profile_chosen_by_device_type_or_forced(gpu_be: Any) -> None:
+    dev = list_devices()[0]
+    gpu_like = bool(dev.type & (pyopencl.device_type.GPU | pyopencl.device_type.ACCELERATOR))
+    with OpenCLBackend() as backend:
+        assert backend.kernel_profile == ("gpu" if gpu_like else "cpu")
+    with OpenCLBackend(kernel_profile="cpu") as backend:
+        assert backend.kernel_profile == "cpu" and backend.vector_attention and backend._ew > 1
+    assert gpu_be.kernel_profile == "gpu"
+    assert not gpu_be.vector_attention and gpu_be._ew == 1 and gpu_be._contig == 0
+    for bad in ("GPU", "fast", 1):
+        with pytest.raises(InvalidArgumentError):
+            OpenCLBackend(kernel_profile=bad)
+
+
+def test_gpu_profile_recommended_tile_is_the_work_group_tile(gpu_be: Any) -> None:
+    tsx, tsy, wm, wn, tk = gpu_be._wg_tile
+    assert tsx * tsy <= gpu_be.capabilities().max_threads_per_block
+    for shape in ((1024, 1024, 1024), (5, 3, 7)):
+        assert gpu_be.recommended_tile_for(*shape) == TileShape(tsx * wm, tsy * wn, tk)
+
+
+def test_gpu_profile_conformance_kit_passes(gpu_be: Any) -> None:
+    from computehal.testing import run_conformance
+
+    report = run_conformance(gpu_be)
+    assert report.passed, report.summary()
+
+
+def _op(stored: np.ndarray[Any, Any], trans: str, rows: int, cols: int) -> np.ndarray[Any, Any]:
+    """op(X) (rows x cols) of a column-major matrix given as its row-major transpose ``stored``."""
+    x = stored.T  # column-major ld x columns, as a NumPy (ld, columns) view
+    return x[:cols, :rows].T if trans in "TC" else x[:rows, :cols]
+
+
+ODD = (1, 15, 17, 33, 127)
+PAIRS = [(ta, tb) for ta in "NTC" for tb in "NTC"]
+
+
+@pytest.mark.parametrize(("ta", "tb"), PAIRS, ids=[f"{ta}{tb}" for ta, tb in PAIRS])
+def test_gemm_odd_sizes_every_transpose_pair(profiled: Any, ta: str, tb: str) -> None:
+    """Every (m, n, k) in ODD^3 with leading dimensions above the stored rows, float32."""
+    be = profiled
+    rng = np.random.default_rng(ord(ta) * 3 + ord(tb))
+    top = max(ODD) + 3
+    a_store, b_store, c_store = (be.alloc(top * top * 4 + 64) for _ in range(3))
+    try:
+        for m in ODD:
+            for n in ODD:
+                for k in ODD:
+                    a_rows, a_cols = (k, m) if ta in "TC" else (m, k)
+                    b_rows, b_cols = (n, k) if tb in "TC" else (k, n)
+                    lda, ldb, ldc = a_rows + 1, b_rows + 3, m + 2
+                    a = rng.standard_normal((a_cols, lda)).astype(np.float32)
+                    b = rng.standard_normal((b_cols, ldb)).astype(np.float32)
+                    c = rng.standard_normal((n, ldc)).astype(np.float32)
+                    for ptr, x in ((a_store, a), (b_store, b), (c_store, c)):
+                        be.copy_htod(ptr + 64 if ptr == a_store else ptr, x)
+                    alpha, beta = 0.75, (0.0 if (m + n + k) % 2 else -1.5)
+                    be.gemm(
+                        ta,
+                        tb,
+                        m,
+                        n,
+                        k,
+                        alpha,
+                        a_store + 64,
+                        lda,
+                        b_store,
+                        ldb,
+                        beta,
+                        c_store,
+                        ldc,
+                        dtype="float32",
+                    )
+                    got = get(be, c_store, c.shape)
+                    want = c.astype(np.float64).T.copy()
+                    prod = np.einsum(
+                        "ip,pj->ij", _op(a, ta, m, k).astype(np.float64), _op(b, tb, k, n).astype(np.float64)
+                    )
+                    want[:m] = alpha * prod + beta * want[:m]
+                    np.testing.assert_allclose(got.T, want, rtol=1e-4, atol=2e-4, err_msg=f"{m}x{n}x{k}")
+    finally:
+        for ptr in (a_store, b_store, c_store):
+            be.free(ptr)
+
+
+@pytest.mark.parametrize(("ta", "tb"), [("N", "N"), ("T", "N"), ("N", "T"), ("T", "T")])
+@pytest.mark.parametrize("shape", [(1, 1, 1), (17, 33, 15), (127, 65, 70), (64, 64, 64)])
+def test_gpu_profile_float64_gemm(gpu_be: Any, ta: str, tb: str, shape: tuple[int, int, int]) -> None:
+    if not gpu_be.capabilities().supports_fp64:
+        pytest.skip("the device has no double precision")
+    m, n, k = shape
+    rng = np.random.default_rng(m * n + k)
+    a_rows, a_cols = (k, m) if ta == "T" else (m, k)
+    b_rows, b_cols = (n, k) if tb == "T" else (k, n)
+    a = rng.standard_normal((a_cols, a_rows + 2))
+    b = rng.standard_normal((b_cols, b_rows + 1))
+    c = rng.standard_normal((n, m + 4))
+    pa, pb, pc = (put(gpu_be, x)[0] for x in (a, b, c))
+    try:
+        gpu_be.gemm(ta, tb, m, n, k, -1.25, pa, a_rows + 2, pb, b_rows + 1, 0.5, pc, m + 4, dtype="float64")
+        want = c.T.copy()
+        want[:m] = -1.25 * np.einsum("ip,pj->ij", _op(a, ta, m, k), _op(b, tb, k, n)) + 0.5 * want[:m]
+        np.testing.assert_allclose(get(gpu_be, pc, c.shape, np.float64).T, want, rtol=1e-12, atol=1e-12)
+    finally:
+        for ptr in (pa, pb, pc):
+            gpu_be.free(ptr)
+
+
+def test_gpu_profile_beta_zero_never_reads_c(gpu_be: Any) -> None:
+    rng = np.random.default_rng(3)
+    m, n, k = 70, 19, 40
+    a = rng.standard_normal((k, m)).astype(np.float32)
+    b = rng.standard_normal((n, k)).astype(np.float32)
+    c = np.full((n, m), np.nan, dtype=np.float32)
+    pa, pb, pc = (put(gpu_be, x)[0] for x in (a, b, c))
+    try:
+        gpu_be.gemm("N", "N", m, n, k, 2.0, pa, m, pb, k, 0.0, pc, m, dtype="float32")
+        want = 2.0 * np.einsum("pi,jp->ji", a.astype(np.float64), b)
+        np.testing.assert_allclose(get(gpu_be, pc, c.shape), want, rtol=1e-4, atol=1e-4)
+    finally:
+        for ptr in (pa, pb, pc):
+            gpu_be.free(ptr)
+
+
+def test_gpu_profile_batched_gemm_is_one_launch(gpu_be: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    launches: list[str] = []
+    original = gpu_be._launch
+
+    def counting(kernel: Any, *args: Any) -> None:
+        launches.append(kernel.function_name)
+        original(kernel, *args)
+
+    monkeypatch.setattr(gpu_be, "_launch", counting)
+    rng = np.random.default_rng(19)
+    batches, m, n, k = 6, 67, 18, 33
+    a = rng.standard_normal((batches, m, k)).astype(np.float32)  # batch i: op(A) = a[i] ("T")
+    b = rng.standard_normal((batches, n, k)).astype(np.float32)  # batch i: column-major k x n
+    pa, pb = put(gpu_be, a)[0], put(gpu_be, b)[0]
+    pc = gpu_be.alloc(batches * m * n * 4)
+    try:
+        gpu_be.batched_gemm(
+            "T", "N", m, n, k, 1.0, pa, k, m * k, pb, k, k * n, 0.0, pc, m, m * n, batches, dtype="float32"
+        )
+        assert launches == ["gemm_wg"]
+        got = get(gpu_be, pc, (batches, n, m))
+        np.testing.assert_allclose(got, np.einsum("bip,bjp->bji", a, b), rtol=1e-4, atol=1e-4)
+    finally:
+        for ptr in (pa, pb, pc):
+            gpu_be.free(ptr)
+
+
+def test_gpu_profile_batched_gemm_with_c_aliasing_a(gpu_be: Any) -> None:
+    rng = np.random.default_rng(23)
+    batches, m = 3, 70
+    a = rng.standard_normal((batches, m, m)).astype(np.float32)
+    b = rng.standard_normal((batches, m, m)).astype(np.float32)
+    pa, pb = put(gpu_be, a)[0], put(gpu_be, b)[0]
+    try:
+        gpu_be.batched_gemm(
+            "N", "N", m, m, m, 1.0, pa, m, m * m, pb, m, m * m, 0.5, pa, m, m * m, batches, dtype="float32"
+        )
+        want = np.einsum("bpi,bjp->bji", a.astype(np.float64), b) + 0.5 * a
+        np.testing.assert_allclose(get(gpu_be, pa, a.shape), want, rtol=1e-4, atol=1e-4)
+    finally:
+        gpu_be.free(pa)
+        gpu_be.free(pb)
+
+
+@pytest.mark.parametrize("fmt", ["f16", "bf16"])
+def test_gpu_profile_mixed_precision_rounds_operands(gpu_be: Any, fmt: str) -> None:
+    import ml_dtypes
+
+    narrow = np.float16 if fmt == "f16" else ml_dtypes.bfloat16
+    rng = np.random.default_rng(29)
+    m, n, k = 33, 70, 17
+    a = (rng.standard_normal((k, m)) * 3).astype(np.float32)
+    b = (rng.standard_normal((n, k)) * 3).astype(np.float32)
+    c = rng.standard_normal((n, m)).astype(np.float32)
+    pa, pb, pc = (put(gpu_be, x)[0] for x in (a, b, c))
+    try:
+        gpu_be.gemm_mixed_precision(fmt, "N", "N", m, n, k, 1.0, pa, m, pb, k, 0.25, pc, m)
+        ra = a.astype(narrow).astype(np.float64)
+        rb = b.astype(narrow).astype(np.float64)
+        want = np.einsum("pi,jp->ji", ra, rb) + 0.25 * c
+        np.testing.assert_allclose(get(gpu_be, pc, c.shape), want, rtol=1e-5, atol=1e-4)
+    finally:
+        for ptr in (pa, pb, pc):
+            gpu_be.free(ptr)
