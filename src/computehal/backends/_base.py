@@ -17,6 +17,7 @@ import abc
 import functools
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, ParamSpec, TypeVar
 
 from .. import validation as v
@@ -59,6 +60,11 @@ def guarded(method: Callable[P, R]) -> Callable[P, R]:
             raise DeviceError(f"{method.__name__} failed: {type(exc).__name__}: {exc}") from exc
 
     return wrapper
+
+
+def _shift(region: Region, nbytes: int) -> Region:
+    """``region`` moved ``nbytes`` bytes further into its allocation (validated by the caller)."""
+    return Region(region.allocation, region.offset + nbytes, region.nbytes)
 
 
 class TableBackend(ComputeBackend):
@@ -177,21 +183,34 @@ class TableBackend(ComputeBackend):
     def _exec_unimplemented(self, operation: str) -> None:
         raise UnsupportedError(f"{operation} is not implemented by the {self.name()} backend")
 
+    @abc.abstractmethod
     def _exec_gemm(self, p: v.GemmProblem) -> None:
         """Run a validated GEMM (``p.dtype`` float32 or float64)."""
-        self._exec_unimplemented("gemm")
 
     def _exec_batched_gemm(self, p: v.BatchedGemmProblem) -> None:
-        """Run a validated strided batched GEMM."""
-        self._exec_unimplemented("batched_gemm")
+        """Run a validated strided batched GEMM; the default runs :meth:`_exec_gemm` per batch."""
+        if p.empty:
+            return
+        g = p.gemm
+        size = g.dtype.itemsize
+        for i in range(p.batch_count):
+            step = i * size
+            self._exec_gemm(
+                replace(
+                    g,
+                    a=_shift(g.a, step * p.stride_a),
+                    b=_shift(g.b, step * p.stride_b),
+                    c=_shift(g.c, step * p.stride_c),
+                )
+            )
 
     def _exec_gemm_mixed_precision(self, fmt: MixedPrecision, p: v.GemmProblem) -> None:
         """Run a validated float32 GEMM whose operands are rounded through ``fmt``."""
         self._exec_unimplemented("gemm_mixed_precision")
 
+    @abc.abstractmethod
     def _exec_conv2d_forward(self, p: v.ConvProblem) -> None:
         """Run a validated forward convolution (``p.x`` input, ``p.f`` filter, ``p.y`` output)."""
-        self._exec_unimplemented("conv2d_forward")
 
     def _exec_conv2d_backward_data(self, p: v.ConvProblem) -> None:
         """Write the input gradient to ``p.x`` from ``p.y`` (output gradient) and ``p.f``."""
@@ -201,25 +220,25 @@ class TableBackend(ComputeBackend):
         """Write the filter gradient to ``p.f`` from ``p.x`` (input) and ``p.y`` (output gradient)."""
         self._exec_unimplemented("conv2d_backward_filter")
 
+    @abc.abstractmethod
     def _exec_attention(self, p: v.AttentionProblem) -> None:
         """Run validated attention."""
-        self._exec_unimplemented("attention")
 
+    @abc.abstractmethod
     def _exec_reduce(self, p: v.AxisProblem) -> None:
         """Run a validated reduction (``p.op`` is set)."""
-        self._exec_unimplemented("reduce")
 
     def _exec_softmax(self, p: v.AxisProblem) -> None:
         """Run a validated softmax (``p.op`` is None)."""
         self._exec_unimplemented("softmax")
 
+    @abc.abstractmethod
     def _exec_unary(self, p: v.ElementwiseProblem) -> None:
         """Run a validated unary op (``p.b`` is None)."""
-        self._exec_unimplemented("unary")
 
+    @abc.abstractmethod
     def _exec_binary(self, p: v.ElementwiseProblem) -> None:
         """Run a validated binary op."""
-        self._exec_unimplemented("binary")
 
     def _exec_gather(self, p: v.RowsProblem) -> None:
         """Run a validated row gather."""

@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import validation as v
+from ..backend import COMPUTE_OPS
 from ..errors import OutOfMemoryError
 from ..memory import ALIGNMENT, Allocation, Region
 from ..types import (
@@ -38,7 +39,7 @@ from ..types import (
     ReduceOp,
     UnaryOp,
 )
-from ._base import TableBackend, guarded
+from ._base import TableBackend
 from ._blas import gemm_at
 
 __all__ = ["CpuBackend"]
@@ -53,23 +54,7 @@ PARALLEL_THRESHOLD = 1 << 16
 #: Batched GEMM hands each thread at least this many multiply-adds.
 BATCH_GRAIN_FLOPS = 1 << 21
 
-_OPS = frozenset(
-    {
-        "gemm",
-        "batched_gemm",
-        "gemm_mixed_precision",
-        "conv2d_forward",
-        "conv2d_backward_data",
-        "conv2d_backward_filter",
-        "attention",
-        "reduce",
-        "softmax",
-        "unary",
-        "binary",
-        "gather",
-        "scatter",
-    }
-)
+_OPS = frozenset(COMPUTE_OPS)
 
 #: Element-wise and axis problems below this many elements stay on NumPy (no kernel dispatch).
 KERNEL_THRESHOLD = 1 << 12
@@ -340,76 +325,12 @@ class CpuBackend(TableBackend):
             return
         gemm_at(p.dtype, p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, a, p.lda, b, p.ldb, p.beta, c, p.ldc)
 
-    @guarded
-    def gemm(
-        self,
-        trans_a: Any,
-        trans_b: Any,
-        m: int,
-        n: int,
-        k: int,
-        alpha: float,
-        a_ptr: int,
-        lda: int,
-        b_ptr: int,
-        ldb: int,
-        beta: float,
-        c_ptr: int,
-        ldc: int,
-        *,
-        dtype: Any = "float64",
-    ) -> None:
-        p = v.gemm_problem(
-            self._memory(), trans_a, trans_b, m, n, k, alpha, a_ptr, lda, b_ptr, ldb, beta, c_ptr, ldc, dtype
-        )
+    def _exec_gemm(self, p: v.GemmProblem) -> None:
         (a, keep_a), (b, keep_b) = self._unaliased(p.a, p.c), self._unaliased(p.b, p.c)
         self._run_gemm(p, a, b, p.c.ptr)
         del keep_a, keep_b
 
-    @guarded
-    def batched_gemm(
-        self,
-        trans_a: Any,
-        trans_b: Any,
-        m: int,
-        n: int,
-        k: int,
-        alpha: float,
-        a_ptr: int,
-        lda: int,
-        stride_a: int,
-        b_ptr: int,
-        ldb: int,
-        stride_b: int,
-        beta: float,
-        c_ptr: int,
-        ldc: int,
-        stride_c: int,
-        batch_count: int,
-        *,
-        dtype: Any = "float32",
-    ) -> None:
-        p = v.batched_gemm_problem(
-            self._memory(),
-            trans_a,
-            trans_b,
-            m,
-            n,
-            k,
-            alpha,
-            a_ptr,
-            lda,
-            stride_a,
-            b_ptr,
-            ldb,
-            stride_b,
-            beta,
-            c_ptr,
-            ldc,
-            stride_c,
-            batch_count,
-            dtype,
-        )
+    def _exec_batched_gemm(self, p: v.BatchedGemmProblem) -> None:
         if p.empty:
             return
         g = p.gemm
@@ -437,28 +358,7 @@ class CpuBackend(TableBackend):
             run(0, p.batch_count)
         del keep_a, keep_b
 
-    @guarded
-    def gemm_mixed_precision(
-        self,
-        prec: Any,
-        trans_a: Any,
-        trans_b: Any,
-        m: int,
-        n: int,
-        k: int,
-        alpha: float,
-        a_ptr: int,
-        lda: int,
-        b_ptr: int,
-        ldb: int,
-        beta: float,
-        c_ptr: int,
-        ldc: int,
-    ) -> None:
-        fmt = v.mixed_precision_format(prec)
-        p = v.gemm_problem(
-            self._memory(), trans_a, trans_b, m, n, k, alpha, a_ptr, lda, b_ptr, ldb, beta, c_ptr, ldc, F32
-        )
+    def _exec_gemm_mixed_precision(self, fmt: MixedPrecision, p: v.GemmProblem) -> None:
         if p.empty or p.product_skipped:
             self._run_gemm(p, p.a.ptr, p.b.ptr, p.c.ptr)
             return
@@ -510,26 +410,7 @@ class CpuBackend(TableBackend):
         _parallel_ranges(p.n, fill, grain=1)
         return cols.reshape(p.n, p.c * p.fh * p.fw, p.oh * p.ow)
 
-    @guarded
-    def conv2d_forward(
-        self,
-        input_ptr: int,
-        input_shape: Any,
-        filter_ptr: int,
-        filter_shape: Any,
-        output_ptr: int,
-        output_shape: Any,
-        stride: Any,
-        padding: Any,
-    ) -> None:
-        p = v.conv_problem(
-            self._memory(),
-            ("input_ptr", input_ptr, input_shape),
-            ("filter_ptr", filter_ptr, filter_shape),
-            ("output_ptr", output_ptr, output_shape),
-            stride,
-            padding,
-        )
+    def _exec_conv2d_forward(self, p: v.ConvProblem) -> None:
         if p.empty_output:
             return
         y = self._array(p.y, (p.n, p.k, p.oh * p.ow))
@@ -557,26 +438,7 @@ class CpuBackend(TableBackend):
         """True when ``out`` shares memory with any of ``inputs``."""
         return any(out.overlaps(region) for region in inputs)
 
-    @guarded
-    def conv2d_backward_data(
-        self,
-        grad_output_ptr: int,
-        grad_output_shape: Any,
-        filter_ptr: int,
-        filter_shape: Any,
-        grad_input_ptr: int,
-        grad_input_shape: Any,
-        stride: Any,
-        padding: Any,
-    ) -> None:
-        p = v.conv_problem(
-            self._memory(),
-            ("grad_input_ptr", grad_input_ptr, grad_input_shape),
-            ("filter_ptr", filter_ptr, filter_shape),
-            ("grad_output_ptr", grad_output_ptr, grad_output_shape),
-            stride,
-            padding,
-        )
+    def _exec_conv2d_backward_data(self, p: v.ConvProblem) -> None:
         gx = self._array(p.x, (p.n, p.c, p.h, p.w))
         if gx.size == 0:
             return
@@ -611,26 +473,7 @@ class CpuBackend(TableBackend):
         _parallel_ranges(p.n, accumulate, grain=1)
         gx[...] = gpad[:, :, p.ph : p.ph + p.h, p.pw : p.pw + p.w]
 
-    @guarded
-    def conv2d_backward_filter(
-        self,
-        input_ptr: int,
-        input_shape: Any,
-        grad_output_ptr: int,
-        grad_output_shape: Any,
-        grad_filter_ptr: int,
-        grad_filter_shape: Any,
-        stride: Any,
-        padding: Any,
-    ) -> None:
-        p = v.conv_problem(
-            self._memory(),
-            ("input_ptr", input_ptr, input_shape),
-            ("grad_filter_ptr", grad_filter_ptr, grad_filter_shape),
-            ("grad_output_ptr", grad_output_ptr, grad_output_shape),
-            stride,
-            padding,
-        )
+    def _exec_conv2d_backward_filter(self, p: v.ConvProblem) -> None:
         gf = self._array(p.f, (p.k, p.c * p.fh * p.fw))
         if gf.size == 0:
             return
@@ -661,24 +504,7 @@ class CpuBackend(TableBackend):
 
     # ------------------------------------------------------------------ attention
 
-    @guarded
-    def attention(
-        self,
-        q_ptr: int,
-        k_ptr: int,
-        v_ptr: int,
-        o_ptr: int,
-        batch: int,
-        heads: int,
-        seq_q: int,
-        seq_kv: int,
-        head_dim: int,
-        scale: float,
-        causal: bool,
-    ) -> None:
-        p = v.attention_problem(
-            self._memory(), q_ptr, k_ptr, v_ptr, o_ptr, batch, heads, seq_q, seq_kv, head_dim, scale, causal
-        )
+    def _exec_attention(self, p: v.AttentionProblem) -> None:
         bh = p.batch * p.heads
         q = self._array(p.q, (bh, p.seq_q, p.head_dim))
         k = self._array(p.k, (bh, p.seq_kv, p.head_dim))
@@ -774,9 +600,7 @@ class CpuBackend(TableBackend):
 
     # ------------------------------------------------------------------ reductions
 
-    @guarded
-    def reduce(self, op: Any, input_ptr: int, output_ptr: int, shape: Any, axis: int) -> None:
-        p = v.axis_problem(self._memory(), op, input_ptr, output_ptr, shape, axis)
+    def _exec_reduce(self, p: v.AxisProblem) -> None:
         out = self._array(p.output, (p.outer, p.inner))
         if out.size == 0:
             return
@@ -835,9 +659,7 @@ class CpuBackend(TableBackend):
                 if p.op is ReduceOp.MEAN and p.length:
                     np.divide(out, np.float32(p.length), out=out)
 
-    @guarded
-    def softmax(self, input_ptr: int, output_ptr: int, shape: Any, axis: int) -> None:
-        p = v.axis_problem(self._memory(), None, input_ptr, output_ptr, shape, axis)
+    def _exec_softmax(self, p: v.AxisProblem) -> None:
         if p.outer * p.length * p.inner == 0:
             return
         x = self._array(p.input, (p.outer, p.length, p.inner))
@@ -952,26 +774,20 @@ class CpuBackend(TableBackend):
 
         _parallel_ranges(n, run)
 
-    @guarded
-    def unary(self, op: Any, input_ptr: int, output_ptr: int, n: int) -> None:
-        p = v.unary_problem(self._memory(), op, input_ptr, output_ptr, n)
+    def _exec_unary(self, p: v.ElementwiseProblem) -> None:
         assert isinstance(p.op, UnaryOp)
         kernel = None
         if p.op in _UNARY_KERNELS and p.n >= KERNEL_THRESHOLD and (kernels := _kernels()) is not None:
             kernel = getattr(kernels, _UNARY_KERNELS[p.op])
         self._elementwise(p, _UNARY[p.op], block=AXIS_BLOCK if p.op is UnaryOp.SIGMOID else 0, kernel=kernel)
 
-    @guarded
-    def binary(self, op: Any, a_ptr: int, b_ptr: int, output_ptr: int, n: int) -> None:
-        p = v.binary_problem(self._memory(), op, a_ptr, b_ptr, output_ptr, n)
+    def _exec_binary(self, p: v.ElementwiseProblem) -> None:
         assert isinstance(p.op, BinaryOp)
         self._elementwise(p, _BINARY[p.op])
 
     # ------------------------------------------------------------------ gather / scatter
 
-    @guarded
-    def gather(self, input_ptr: int, indices: Any, output_ptr: int, rows: int, cols: int) -> None:
-        p = v.gather_problem(self._memory(), input_ptr, indices, output_ptr, rows, cols)
+    def _exec_gather(self, p: v.RowsProblem) -> None:
         if p.indices.size == 0 or p.cols == 0:
             return
         table = self._array(p.input, (p.rows, p.cols))
@@ -986,9 +802,7 @@ class CpuBackend(TableBackend):
 
         _parallel_ranges(p.indices.size, run, grain=max(1, PARALLEL_THRESHOLD // p.cols))
 
-    @guarded
-    def scatter(self, input_ptr: int, indices: Any, output_ptr: int, rows: int, cols: int) -> None:
-        p = v.scatter_problem(self._memory(), input_ptr, indices, output_ptr, rows, cols)
+    def _exec_scatter(self, p: v.RowsProblem) -> None:
         if p.indices.size == 0 or p.cols == 0:
             return
         src = self._array(p.input, (p.indices.size, p.cols))
