@@ -743,3 +743,231 @@ def test_reduce_many_long_slices(be: Any) -> None:
     np.testing.assert_allclose(get(be, po, shape[0]), x.astype(np.float64).sum(axis=1), rtol=1e-5, atol=1e-4)
     be.free(px)
     be.free(po)
+
+
+# ---------------------------------------------------------------------- llvmpipe's loop budget
+#
+# lavapipe stops every shader loop after 65535 iterations per invocation; the backend cuts
+# such work into several dispatches / passes. The sizes below exceeded that budget in one
+# invocation (they used to raise UnsupportedError there) and must now compute.
+
+
+def conv_references(
+    x: Array, f: Array, g: Array, stride: tuple[int, int], pad: tuple[int, int]
+) -> tuple[Array, Array, Array]:
+    """y = conv(x, f), and for the output gradient g: dL/dx, dL/df (NumPy windows, float64)."""
+    n, c, h, w = x.shape
+    k, _, fh, fw = f.shape
+    (sh, sw), (ph, pw) = stride, pad
+    xp = np.zeros((n, c, h + 2 * ph, w + 2 * pw))
+    xp[:, :, ph : ph + h, pw : pw + w] = x
+    oh, ow = g.shape[2:]
+    win = np.empty((n, c, fh, fw, oh, ow))
+    for r in range(fh):
+        for s in range(fw):
+            win[:, :, r, s] = xp[:, :, r : r + sh * (oh - 1) + 1 : sh, s : s + sw * (ow - 1) + 1 : sw]
+    y = np.einsum("ncrsij,kcrs->nkij", win, f)
+    gf = np.einsum("ncrsij,nkij->kcrs", win, g)
+    gxp = np.zeros_like(xp)
+    for r in range(fh):
+        for s in range(fw):
+            window = (
+                slice(None),
+                slice(None),
+                slice(r, r + sh * (oh - 1) + 1, sh),
+                slice(s, s + sw * (ow - 1) + 1, sw),
+            )
+            gxp[window] += np.einsum("nkij,kc->ncij", g, f[:, :, r, s])
+    return y, gxp[:, :, ph : ph + h, pw : pw + w], gf
+
+
+def check_conv(be: Any, xs: Any, fs: Any, stride: Any, pad: Any) -> None:
+    rng = np.random.default_rng(sum(xs) + sum(fs))
+    x = rng.standard_normal(xs).astype(F32)
+    f = rng.standard_normal(fs).astype(F32)
+    ys = (
+        xs[0],
+        fs[0],
+        (xs[2] + 2 * pad[0] - fs[2]) // stride[0] + 1,
+        (xs[3] + 2 * pad[1] - fs[3]) // stride[1] + 1,
+    )
+    g = rng.standard_normal(ys).astype(F32)
+    y_want, gx_want, gf_want = conv_references(
+        x.astype(np.float64), f.astype(np.float64), g.astype(np.float64), stride, pad
+    )
+    px, pf, pg = put(be, x), put(be, f), put(be, g)
+    py, pgx, pgf = (put(be, np.full(shape, np.nan, F32)) for shape in (ys, xs, fs))
+    be.conv2d_forward(px, xs, pf, fs, py, ys, stride, pad)
+    be.conv2d_backward_data(pg, ys, pf, fs, pgx, xs, stride, pad)
+    be.conv2d_backward_filter(px, xs, pg, ys, pgf, fs, stride, pad)
+    terms = {"y": xs[1] * fs[2] * fs[3], "gx": fs[0] * fs[2] * fs[3], "gf": xs[0] * ys[2] * ys[3]}
+    for name, ptr, want in (("y", py, y_want), ("gx", pgx, gx_want), ("gf", pgf, gf_want)):
+        got = get(be, ptr, want.shape)
+        # Float32 sums of many terms: error relative to the typical magnitude of the sums,
+        # growing like the square root of the number of terms.
+        scale = max(1.0, float(np.sqrt(np.mean(want**2))))
+        np.testing.assert_allclose(got / scale, want / scale, rtol=0, atol=2e-6 * np.sqrt(terms[name]) + 1e-5)
+    for p in (px, pf, pg, py, pgx, pgf):
+        be.free(p)
+
+
+@pytest.mark.parametrize(
+    "xs,fs,stride,pad",
+    [
+        ((2, 2, 300, 300), (3, 2, 3, 3), (1, 1), (1, 1)),  # filter gradient: 2 x 300 x 300 terms
+        ((3, 1, 300, 301), (2, 1, 2, 3), (2, 1), (1, 0)),
+        ((1, 5000, 4, 5), (2, 5000, 3, 3), (1, 1), (1, 1)),  # forward: 5000 channels x 3 x 3
+        ((1, 2, 5, 4), (5000, 2, 3, 3), (1, 1), (1, 1)),  # data gradient: 5000 filters x 3 x 3
+    ],
+)
+def test_conv2d_past_the_loop_budget(be: Any, xs: Any, fs: Any, stride: Any, pad: Any) -> None:
+    check_conv(be, xs, fs, stride, pad)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_past_the_loop_budget(be: Any, causal: bool) -> None:
+    b, h, s, d = 1, 8, 1024, 64  # the benchmark's problem: 1024 keys x 64 dims per invocation
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((b, h, s, d)).astype(F32) for _ in range(3))
+    scale = 1.0 / np.sqrt(d)
+    pq, pk, pv, po = put(be, q), put(be, k), put(be, v), put(be, np.full(q.shape, np.nan, F32))
+    be.attention(pq, pk, pv, po, b, h, s, s, d, scale, causal)
+    want = attention_reference(
+        q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), scale, causal
+    )
+    np.testing.assert_allclose(get(be, po, q.shape), want, rtol=1e-5, atol=1e-5)
+    for p in (pq, pk, pv, po):
+        be.free(p)
+
+
+@pytest.mark.parametrize("dims", [(1, 2, 37, 700, 200), (2, 1, 900, 600, 130), (1, 1, 3, 5000, 16)])
+def test_attention_long_keys_and_wide_heads(be: Any, dims: tuple[int, ...]) -> None:
+    b, h, sq, skv, d = dims
+    rng = np.random.default_rng(sq + skv + d)
+    q = rng.standard_normal((b, h, sq, d)).astype(F32)
+    k = rng.standard_normal((b, h, skv, d)).astype(F32)
+    v = rng.standard_normal((b, h, skv, d)).astype(F32)
+    q[0, 0, 1, 0] = np.nan  # a NaN query poisons its row only
+    scale = 1.0 / np.sqrt(d)
+    pq, pk, pv = put(be, q), put(be, k), put(be, v)
+    for causal in (False, True):
+        po = put(be, np.full(q.shape, 5.0, F32))
+        be.attention(pq, pk, pv, po, b, h, sq, skv, d, scale, causal)
+        got = get(be, po, q.shape)
+        with np.errstate(invalid="ignore"):
+            want = attention_reference(
+                q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), scale, causal
+            )
+        # NaN exactly where the reference has it (row 1 sees no key in some causal cases: 0).
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        got[0, 0, 1] = want[0, 0, 1] = 0.0
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        be.free(po)
+    for p in (pq, pk, pv):
+        be.free(p)
+
+
+def test_softmax_of_a_2_pow_23_slice(be: Any) -> None:
+    n = 1 << 23
+    x = (np.random.default_rng(23).standard_normal(n) * 8).astype(F32)
+    px, po = put(be, x), be.alloc(x.nbytes)
+    be.softmax(px, po, [n], 0)
+    x64 = x.astype(np.float64)
+    e = np.exp(x64 - x64.max())
+    np.testing.assert_allclose(get(be, po, n), e / e.sum(), rtol=1e-5, atol=1e-12)
+    be.softmax(px, px, [n], 0)  # in place
+    np.testing.assert_allclose(get(be, px, n), e / e.sum(), rtol=1e-5, atol=1e-12)
+    be.free(px)
+    be.free(po)
+
+
+@pytest.mark.parametrize("shape,axis", [((3, 1 << 20), 1), ((1 << 19, 3), 0), ((2, 100001, 2), 1)])
+def test_softmax_long_slices(be: Any, shape: tuple[int, ...], axis: int) -> None:
+    x = (np.random.default_rng(len(shape) + axis).standard_normal(shape) * 5).astype(F32)
+    px, po = put(be, x), be.alloc(x.nbytes)
+    be.softmax(px, po, list(shape), axis)
+    x64 = x.astype(np.float64)
+    e = np.exp(x64 - x64.max(axis=axis, keepdims=True))
+    np.testing.assert_allclose(get(be, po, shape), e / e.sum(axis=axis, keepdims=True), rtol=1e-5, atol=1e-12)
+    be.free(px)
+    be.free(po)
+
+
+def test_softmax_special_long_slices(be: Any) -> None:
+    length = 100_000
+    x = np.zeros((4, length), dtype=F32)
+    x[0] = -np.inf  # all -inf -> NaN
+    x[1, 50_000] = np.nan  # a NaN in one chunk poisons the whole slice
+    x[2, 90_000] = np.inf  # +inf: inf - inf -> NaN
+    x[3, :-1] = -np.inf  # one finite value (in the last chunk) -> [0, ..., 0, 1]
+    px, po = put(be, x), be.alloc(x.nbytes)
+    be.softmax(px, po, list(x.shape), 1)
+    got = get(be, po, x.shape)
+    assert np.all(np.isnan(got[:3]))
+    want = np.zeros(length)
+    want[-1] = 1.0
+    np.testing.assert_array_equal(got[3], want)
+    be.free(px)
+    be.free(po)
+
+
+@pytest.mark.parametrize("shape,axis", [((1 << 23,), 0), ((3, 1 << 21), 1), ((1 << 20, 2), 0)])
+@pytest.mark.parametrize("op", ["sum", "max", "min", "mean"])
+def test_reduce_long_slices(be: Any, shape: tuple[int, ...], axis: int, op: str) -> None:
+    x = np.random.default_rng(len(shape) + axis).standard_normal(shape).astype(F32)
+    x.reshape(-1)[12345] = np.nan  # ignored by max / min, poisons sum / mean
+    px = put(be, x)
+    want = np_reduce(op, x, axis).reshape(-1)
+    po = be.alloc(4 * want.size)
+    be.reduce(op, px, po, list(shape), axis)
+    np.testing.assert_allclose(get(be, po, want.size), want, rtol=1e-5, atol=1e-6)
+    be.free(px)
+    be.free(po)
+
+
+@pytest.fixture()
+def tight(be: Any) -> Iterator[Any]:
+    """A backend that splits work as llvmpipe does, but against a far smaller loop budget."""
+    from computehal.backends.wgpu import WgpuBackend
+
+    backend = WgpuBackend()
+    backend.init()
+    backend._loop_budget = 2000  # noqa: SLF001 - exercise the split paths at small sizes
+    yield backend
+    backend.close()
+
+
+@pytest.mark.parametrize("xs,fs,stride,pad", CONV_CASES + [((2, 40, 6, 7), (30, 40, 3, 3), (1, 2), (1, 1))])
+def test_conv2d_split_at_a_small_budget(tight: Any, xs: Any, fs: Any, stride: Any, pad: Any) -> None:
+    check_conv(tight, xs, fs, stride, pad)
+    check_conv(tight, (3, 2, 40, 45), (2, 2, 3, 2), (2, 1), (1, 0))  # one image, bands of rows
+
+
+@pytest.mark.parametrize("dims", [(1, 2, 5, 7, 4), (2, 1, 7, 5, 3), (1, 1, 9, 40, 130), (1, 2, 16, 40, 64)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_split_at_a_small_budget(tight: Any, dims: tuple[int, ...], causal: bool) -> None:
+    b, h, sq, skv, d = dims
+    rng = np.random.default_rng(sq * 100 + skv)
+    q, k, v = (
+        rng.standard_normal(shape).astype(F32) for shape in [(b, h, sq, d), (b, h, skv, d), (b, h, skv, d)]
+    )
+    pq, pk, pv, po = put(tight, q), put(tight, k), put(tight, v), put(tight, np.full(q.shape, np.nan, F32))
+    tight.attention(pq, pk, pv, po, b, h, sq, skv, d, 0.3, causal)
+    want = attention_reference(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), 0.3, causal)
+    np.testing.assert_allclose(get(tight, po, q.shape), want, rtol=1e-5, atol=1e-5)
+    tight.attention(pq, pk, pv, pq, b, h, sq, skv, d, 0.3, causal)  # output aliasing the query
+    np.testing.assert_allclose(get(tight, pq, q.shape), want, rtol=1e-5, atol=1e-5)
+    for p in (pq, pk, pv, po):
+        tight.free(p)
+
+
+def test_unsplittable_work_is_refused_on_llvmpipe(be: Any) -> None:
+    if be._loop_budget is None:  # noqa: SLF001
+        pytest.skip("the adapter has no per-invocation loop limit")
+    # A filter-gradient row of 70000 output columns cannot be cut further.
+    xs, fs, ys = (1, 1, 1, 70_000), (1, 1, 1, 1), (1, 1, 1, 70_000)
+    px, pg, pf = put(be, np.ones(xs, F32)), put(be, np.ones(ys, F32)), be.alloc(4)
+    with pytest.raises(UnsupportedError, match="65535"):
+        be.conv2d_backward_filter(px, xs, pg, ys, pf, fs, (1, 1), (0, 0))
+    for p in (px, pg, pf):
+        be.free(p)
