@@ -1,6 +1,7 @@
 """Benchmark rows of the OpenCL backend against the targets of issue 5.
 
-Run ``python benchmarks/bench_opencl.py [--device N] [--repeat R]``. Each row prints the
+Run ``python benchmarks/bench_opencl.py [--device N] [--repeat R] [--profile gpu|cpu]``
+(``--profile`` forces the backend's kernel profile; by default the device type decides). Each row prints the
 measured figure, the target and their ratio (>= 1.00 meets the target), plus the machine's own
 reference figures measured in the same process (NumPy BLAS sgemm and a large-array copy), since
 absolute numbers on shared machines are noisy.
@@ -55,12 +56,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", type=int, default=0)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--profile", choices=("gpu", "cpu"), default=None, help="force a kernel profile")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
-    be = OpenCLBackend(args.device)
+    be = OpenCLBackend(args.device, kernel_profile=args.profile)
     be.init()
     with be:
-        print(f"device: {be.device_name()}")
+        print(f"device: {be.device_name()}; kernel profile: {be.kernel_profile}")
 
         def put(array: np.ndarray) -> int:
             ptr = be.alloc(array.nbytes)
