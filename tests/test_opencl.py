@@ -732,3 +732,31 @@ def test_gpu_profile_mixed_precision_rounds_operands(gpu_be: Any, fmt: str) -> N
     finally:
         for ptr in (pa, pb, pc):
             gpu_be.free(ptr)
+
+
+@pytest.mark.parametrize("shape", [(3, 4095), (2, 4096), (5, 9000), (300001,)])
+def test_gpu_profile_wide_row_reductions_and_softmax(gpu_be: Any, shape: tuple[int, ...]) -> None:
+    """Rows of >= 4096 elements use the wider work-group of the GPU profile."""
+    rng = np.random.default_rng(shape[-1])
+    x = rng.standard_normal(shape).astype(np.float32)
+    x.flat[[7, x.size - 2]] = np.nan
+    axis = len(shape) - 1
+    out_shape = shape[:-1]
+    base, ptr = put(gpu_be, x, pad=64)
+    out = gpu_be.alloc(max(4, int(np.prod(out_shape)) * 4))
+    y = gpu_be.alloc(x.nbytes)
+    try:
+        for op in ("sum", "mean", "max", "min"):
+            gpu_be.reduce(op, ptr, out, list(shape), axis)
+            want = _fold_reference(op, x, axis)
+            np.testing.assert_allclose(get(gpu_be, out, out_shape), want, rtol=2e-4, atol=2e-3, err_msg=op)
+        clean = np.nan_to_num(x)
+        gpu_be.copy_htod(ptr, clean)
+        gpu_be.softmax(ptr, y, list(shape), axis)
+        e = np.exp(clean.astype(np.float64) - clean.max(axis=-1, keepdims=True))
+        np.testing.assert_allclose(
+            get(gpu_be, y, shape), e / e.sum(axis=-1, keepdims=True), rtol=1e-4, atol=1e-7
+        )
+    finally:
+        for p in (base, out, y):
+            gpu_be.free(p)

@@ -76,6 +76,10 @@ _GEMM_SCRATCH = 256 << 20
 _CONV_SCRATCH = 64 << 20
 #: Work-group size of the row reductions (must match a power of two).
 _REDUCE_LS = 64
+#: Work-group size of the row reductions of the GPU profile for rows of at least _WIDE_ROW elements
+#: (more loads in flight per row; short rows keep _REDUCE_LS).
+_REDUCE_LS_WIDE = 256
+_WIDE_ROW = 4096
 #: Query rows per attention work-group (work-group kernel, GPUs).
 _ATTN_BQ = 32
 #: Bytes of private row state (query and accumulator, 8 * head_dim bytes per query row) that
@@ -372,6 +376,9 @@ class OpenCLBackend(TableBackend):
         #: with the work-group kernel (both are exercised by the tests on PoCL).
         self.vector_attention = cpu
         self._wg_tile = self._pick_wg_tile(dev)
+        #: Row-reduction work-group for long rows: wider on the GPU profile.
+        wide = _REDUCE_LS_WIDE if self._profile == "gpu" else _REDUCE_LS
+        self._reduce_ls_wide = 1 << (min(wide, self._max_wg).bit_length() - 1)
 
     def _pick_wg_tile(self, dev: Any) -> tuple[int, int, int, int, int]:
         """The largest work-group GEMM tile whose group size and float64 local tiles fit ``dev``."""
@@ -934,6 +941,10 @@ class OpenCLBackend(TableBackend):
 
     # ------------------------------------------------------------------ reductions
 
+    def _rows_ls(self, length: int) -> int:
+        """Work-group size of a row reduction / softmax over rows of ``length`` elements."""
+        return self._reduce_ls_wide if length >= _WIDE_ROW else self._reduce_ls
+
     def _exec_reduce(self, p: v.AxisProblem) -> None:
         count = p.outer * p.inner
         if count == 0:
@@ -944,8 +955,8 @@ class OpenCLBackend(TableBackend):
             y = self._at(p.output)
             code = I32(_REDUCE_CODES[p.op])
             if p.inner == 1:
-                kernel = self._kernel("reduce", "reduce_rows_split", LS=self._reduce_ls, CONTIG=self._contig)
-                ls = self._reduce_ls
+                ls = self._rows_ls(p.length)
+                kernel = self._kernel("reduce", "reduce_rows_split", LS=ls, CONTIG=self._contig)
                 # Few long rows: split each across work-groups, then reduce the partials.
                 chunks = 1
                 if p.outer < 4 * self._compute_units and p.length >= 64 * ls:
@@ -980,9 +991,10 @@ class OpenCLBackend(TableBackend):
             x = self._input(p.input, [p.output], same_ok=True)
             y = self._at(p.output)
             if p.inner == 1:
-                kernel = self._kernel("reduce", "softmax_rows", LS=self._reduce_ls, CONTIG=self._contig)
+                ls = self._rows_ls(p.length)
+                kernel = self._kernel("reduce", "softmax_rows", LS=ls, CONTIG=self._contig)
                 self._launch(
-                    kernel, (p.outer * self._reduce_ls,), (self._reduce_ls,),
+                    kernel, (p.outer * ls,), (ls,),
                     x.buffer, I64(x.offset), y.buffer, I64(y.offset), I64(p.length),
                 )  # fmt: skip
             else:
