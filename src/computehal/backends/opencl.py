@@ -5,6 +5,12 @@ Memory is one ``pyopencl.Buffer`` per allocation behind synthetic 64-byte-aligne
 offset) through the shared pointer table, and kernels receive the element offset as an
 argument (no sub-buffers, which carry device alignment rules).
 
+Launch shapes follow a kernel profile (``kernel_profile``; by default the device type decides):
+the CPU profile runs GEMM and convolution one work-item per work-group over packed panels with
+a vector register tile (what PoCL's CPU device turns into fast vector code); the GPU profile runs
+them as work-group tiles staged in local memory (``kernels/gemm_wg.cl``), with interleaved
+reduction folds, one element per element-wise work-item and the work-group attention kernel.
+
 Kernels live in ``computehal/kernels/*.cl``, written in the small dialect of
 ``kernels/dialect.h`` so that the same files compile as CUDA C. Programs are built lazily,
 once per backend instance, per kernel family and build configuration. This module only
