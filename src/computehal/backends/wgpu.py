@@ -807,10 +807,11 @@ class WgpuBackend(TableBackend):
             )
         # Loop iterations of one invocation (see wgpu_attention.wgsl): per DC-column chunk,
         # per key the key loop, the score loop over head_dim and the accumulator loop over
-        # the chunk; per chunk the state load / store and output loops.
+        # the chunk (each 4 columns an iteration, then up to 3 single columns); per chunk
+        # the state load / store and output loops.
         dc = min(p.head_dim, _ATTENTION_DC)
         chunks = -(-p.head_dim // _ATTENTION_DC)
-        per_key = p.head_dim + dc + 3
+        per_key = p.head_dim // 4 + p.head_dim % 4 + dc // 4 + 3 + 5  # the inner loops run 4 columns a step
         fixed = 3 * (dc + 1) + 4
         one_pass = chunks * (p.seq_kv * per_key + fixed) + 1
         stride = p.head_dim + 2 * chunks

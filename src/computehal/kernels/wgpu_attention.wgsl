@@ -104,8 +104,17 @@ fn attention(
         }
         for (var j = P.kv_lo; j < j_end; j++) {
             let k_row = k_head + j * P.d;
+            // Four columns per iteration (then the rest): the same sequence of fma as
+            // one column per iteration, in a quarter of the loop iterations.
             var score = 0.0;
-            for (var d = 0u; d < P.d; d++) {
+            var d4 = 0u;
+            for (; d4 + 4u <= P.d; d4 += 4u) {
+                score = fma(Q[q_base + d4], K[k_row + d4], score);
+                score = fma(Q[q_base + d4 + 1u], K[k_row + d4 + 1u], score);
+                score = fma(Q[q_base + d4 + 2u], K[k_row + d4 + 2u], score);
+                score = fma(Q[q_base + d4 + 3u], K[k_row + d4 + 3u], score);
+            }
+            for (var d = d4; d < P.d; d++) {
                 score = fma(Q[q_base + d], K[k_row + d], score);
             }
             score *= P.scale;
@@ -115,7 +124,14 @@ fn attention(
             let weight = select(0.0, exp(score - new_max), visible);
             running_sum = fma(running_sum, correction, weight);
             let v_row = v_head + j * P.d + d0;
-            for (var d = 0u; d < dn; d++) {
+            var a4 = 0u;
+            for (; a4 + 4u <= dn; a4 += 4u) {
+                acc[a4] = fma(acc[a4], correction, weight * V[v_row + a4]);
+                acc[a4 + 1u] = fma(acc[a4 + 1u], correction, weight * V[v_row + a4 + 1u]);
+                acc[a4 + 2u] = fma(acc[a4 + 2u], correction, weight * V[v_row + a4 + 2u]);
+                acc[a4 + 3u] = fma(acc[a4 + 3u], correction, weight * V[v_row + a4 + 3u]);
+            }
+            for (var d = a4; d < dn; d++) {
                 acc[d] = fma(acc[d], correction, weight * V[v_row + d]);
             }
             running_max = new_max;
