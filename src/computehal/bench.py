@@ -157,26 +157,49 @@ def _time_once(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
+#: Pause before each timed call whose neighbour is a multi-threaded BLAS call. OpenBLAS
+#: worker threads busy-wait for about 2**28 cycles (~0.1 s) after a call before they sleep;
+#: without a pause they occupy both cores while the next call runs, so whichever side runs
+#: second is measured on a machine whose cores are taken (seen here: batched_gemm at 60
+#: instead of 108 GFLOP/s right after numpy.matmul, and the same after the limit's sgemm).
+BLAS_SETTLE_SECONDS = 0.2
+
+
+#: Limits that are multi-threaded BLAS calls (their threads spin after returning).
+BLAS_LIMITS = frozenset({"scipy dgemm", "scipy sgemm", "numpy.matmul 3-D"})
+
+
 def interleaved(
-    op: Callable[[], object], limit: Callable[[], object], repeats: int, warmup: int = 1
+    op: Callable[[], object],
+    limit: Callable[[], object],
+    repeats: int,
+    warmup: int = 1,
+    settle: float = 0.0,
 ) -> tuple[list[float], list[float]]:
     """Time ``op`` and ``limit`` alternately ``repeats`` times each; return (op, limit) seconds.
 
     The order within a round alternates, so neither side always runs first (warm caches,
-    turbo state); both sides see the same background load.
+    turbo state); both sides see the same background load. ``settle`` seconds of sleep
+    precede every timed call (see :data:`BLAS_SETTLE_SECONDS`).
     """
     for _ in range(warmup):
         limit()
         op()
+
+    def timed(fn: Callable[[], object]) -> float:
+        if settle:
+            time.sleep(settle)
+        return _time_once(fn)
+
     op_times: list[float] = []
     limit_times: list[float] = []
     for i in range(repeats):
         if i % 2 == 0:
-            limit_times.append(_time_once(limit))
-            op_times.append(_time_once(op))
+            limit_times.append(timed(limit))
+            op_times.append(timed(op))
         else:
-            op_times.append(_time_once(op))
-            limit_times.append(_time_once(limit))
+            op_times.append(timed(op))
+            limit_times.append(timed(limit))
     return op_times, limit_times
 
 
@@ -288,7 +311,8 @@ def _rate(work: float, seconds: float) -> float:
 
 
 def _measure(case: _Case, repeats: int, peaks: Peaks) -> BenchResult:
-    op_times, limit_times = interleaved(case.op, case.limit, repeats)
+    settle = BLAS_SETTLE_SECONDS if case.limit_name in BLAS_LIMITS else 0.0
+    op_times, limit_times = interleaved(case.op, case.limit, repeats, settle=settle)
     op_t = statistics.median(op_times)
     limit_t = statistics.median(limit_times)
     for t in limit_times:
