@@ -693,10 +693,13 @@ class CudaBackend(TableBackend):
     def _cublas_gemm(self, p: v.GemmProblem) -> None:
         alpha, beta = self._scalars(p)
         routine = self._cublas.dgemm if p.dtype == F64 else self._cublas.sgemm
+        # cuBLAS leaves C overlapping A or B undefined: such an operand is read from a copy.
+        keep: list[Any] = []
+        a, b = self._operand(p.a, [p.c], keep), self._operand(p.b, [p.c], keep)
         with self._on_device(), self._blas_lock:
             routine(
                 self._handle, _OP_T if p.trans_a else _OP_N, _OP_T if p.trans_b else _OP_N,
-                p.m, p.n, p.k, alpha.ctypes.data, p.a.ptr, p.lda, p.b.ptr, p.ldb,
+                p.m, p.n, p.k, alpha.ctypes.data, a, p.lda, b, p.ldb,
                 beta.ctypes.data, p.c.ptr, p.ldc,
             )  # fmt: skip
 
@@ -718,6 +721,8 @@ class CudaBackend(TableBackend):
         alpha_h, beta_h = self._scalars(g)
         routine = self._cublas.dgemmStridedBatched if g.dtype == F64 else self._cublas.sgemmStridedBatched
         size = g.dtype.itemsize
+        keep: list[Any] = []
+        a0, b0 = self._operand(p.a, [p.c], keep), self._operand(p.b, [p.c], keep)
         # cuBLAS takes the batch count as a 32-bit int: split larger batches.
         chunk = v.BLAS_INT_MAX
         with self._on_device(), self._blas_lock:
@@ -726,8 +731,8 @@ class CudaBackend(TableBackend):
                 routine(
                     self._handle, _OP_T if g.trans_a else _OP_N, _OP_T if g.trans_b else _OP_N,
                     g.m, g.n, g.k, alpha_h.ctypes.data,
-                    p.a.ptr + first * p.stride_a * size, g.lda, p.stride_a,
-                    p.b.ptr + first * p.stride_b * size, g.ldb, p.stride_b,
+                    a0 + first * p.stride_a * size, g.lda, p.stride_a,
+                    b0 + first * p.stride_b * size, g.ldb, p.stride_b,
                     beta_h.ctypes.data,
                     p.c.ptr + first * p.stride_c * size, g.ldc, p.stride_c,
                     count,
