@@ -660,26 +660,9 @@ def _conv_backward_data_value(be: ComputeBackend, *, name: str) -> float:
     def loss_x(xx: npt.NDArray[np.float64]) -> float:
         return float(np.sum(ref.conv2d_forward(xx, f64, stride, padding) * gy64))
 
-    fd = _finite_difference(loss_x, x.astype(F64), picks)
-    worst = max(
-        worst,
-        assert_close(
-            "conv2d_backward_data vs finite differences",
-            gx.reshape(-1)[picks],
-            fd,
-            tol.reshape(-1)[picks] + 1e-9,
-        ),
-    )
+    worst = max(worst, _check_finite_differences("conv2d_backward_data", gx, loss_x, x, picks, tol))
     # Adjoint identity <conv(x), gy> == <x, backward_data(gy)>, both from the backend.
-    lhs = float(np.sum(y.astype(F64) * gy64))
-    rhs = float(np.sum(x.astype(F64) * gx.astype(F64)))
-    bound = float(np.sum(ref.conv2d_forward(np.abs(x), np.abs(f), stride, padding) * np.abs(gy64)))
-    tol_dot = 4.0 * (cfg[1] * cfg[5] * cfg[6] + reach + 4) * EPS32 * bound
-    if not abs(lhs - rhs) <= tol_dot:
-        raise AssertionError(
-            f"adjoint identity: <conv(x), g> = {lhs!r} but <x, backward_data(g)> = {rhs!r} "
-            f"(difference {abs(lhs - rhs):.3g} > {tol_dot:.3g})"
-        )
+    _check_adjoint("<x, backward_data(g)>", y, gy, x, gx, f, cfg, reach, stride, padding)
     return worst
 
 
@@ -705,27 +688,57 @@ def _conv_backward_filter_value(be: ComputeBackend, *, name: str) -> float:
     def loss_f(ff: npt.NDArray[np.float64]) -> float:
         return float(np.sum(ref.conv2d_forward(x64, ff, stride, padding) * gy64))
 
-    fd = _finite_difference(loss_f, f.astype(F64), picks)
-    worst = max(
-        worst,
-        assert_close(
-            "conv2d_backward_filter vs finite differences",
-            gf.reshape(-1)[picks],
-            fd,
-            tol.reshape(-1)[picks] + 1e-9,
-        ),
-    )
+    worst = max(worst, _check_finite_differences("conv2d_backward_filter", gf, loss_f, f, picks, tol))
     # <conv(x, f), gy> == <f, backward_filter(x, gy)>.
+    _check_adjoint("<f, backward_filter(x, g)>", y, gy, f, gf, f, cfg, reach, stride, padding, x=x)
+    return worst
+
+
+def _check_finite_differences(
+    op: str,
+    grad: npt.NDArray[np.float32],
+    loss: Callable[[npt.NDArray[np.float64]], float],
+    at: npt.NDArray[np.float32],
+    picks: npt.NDArray[np.int64],
+    tol: npt.NDArray[np.float64],
+) -> float:
+    """Compare the backend's gradient at ``picks`` with central differences of ``loss``."""
+    fd = _finite_difference(loss, at.astype(F64), picks)
+    return assert_close(
+        f"{op} vs finite differences", grad.reshape(-1)[picks], fd, tol.reshape(-1)[picks] + 1e-9
+    )
+
+
+def _check_adjoint(
+    rhs_text: str,
+    y: npt.NDArray[np.float32],
+    gy: npt.NDArray[np.float32],
+    primal: npt.NDArray[np.float32],
+    gradient: npt.NDArray[np.float32],
+    f: npt.NDArray[np.float32],
+    cfg: Any,
+    reach: int,
+    stride: Any,
+    padding: Any,
+    *,
+    x: npt.NDArray[np.float32] | None = None,
+) -> None:
+    """Assert ``<conv(...), gy> == <primal, gradient>`` (both sides computed by the backend).
+
+    ``primal`` is the input (data gradient) or the filter (filter gradient); ``x`` is the
+    input when ``primal`` is the filter.
+    """
+    inputs = primal if x is None else x
+    gy64 = gy.astype(F64)
     lhs = float(np.sum(y.astype(F64) * gy64))
-    rhs = float(np.sum(f.astype(F64) * gf.astype(F64)))
-    bound = float(np.sum(ref.conv2d_forward(np.abs(x), np.abs(f), stride, padding) * np.abs(gy64)))
+    rhs = float(np.sum(primal.astype(F64) * gradient.astype(F64)))
+    bound = float(np.sum(ref.conv2d_forward(np.abs(inputs), np.abs(f), stride, padding) * np.abs(gy64)))
     tol_dot = 4.0 * (cfg[1] * cfg[5] * cfg[6] + reach + 4) * EPS32 * bound
     if not abs(lhs - rhs) <= tol_dot:
         raise AssertionError(
-            f"adjoint identity: <conv(x, f), g> = {lhs!r} but <f, backward_filter(x, g)> = {rhs!r} "
+            f"adjoint identity: <conv, g> = {lhs!r} but {rhs_text} = {rhs!r} "
             f"(difference {abs(lhs - rhs):.3g} > {tol_dot:.3g})"
         )
-    return worst
 
 
 def _conv_cases() -> list[Case]:
