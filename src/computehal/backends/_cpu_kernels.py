@@ -128,6 +128,8 @@ def _int32_op(name: str, doc: str) -> Any:
 _isub = _int32_op("sub", "``a - b`` in int32.")
 _isra = _int32_op("ashr", "``a >> b`` (arithmetic) in int32.")
 _ishl = _int32_op("shl", "``a << b`` in int32.")
+_iand = _int32_op("and_", "``a & b`` in int32.")
+_ixor = _int32_op("xor", "``a ^ b`` in int32.")
 
 
 _F = np.float32
@@ -322,8 +324,9 @@ def _row_max(row: Any) -> float:
     best = _I(-2147483648)
     for i in range(row.shape[0]):
         bits = _as_int(row[i])
-        best = max(best, bits ^ ((bits >> 31) & _KEY_MASK))
-    return _as_float(best ^ ((best >> 31) & _KEY_MASK))
+        key = _ixor(bits, _iand(_isra(bits, 31), _KEY_MASK))
+        best = key if key > best else best
+    return _as_float(_ixor(best, _iand(_isra(best, 31), _KEY_MASK)))
 
 
 # Reassociation only lets LLVM keep several partial sums (a vector of them); nothing
