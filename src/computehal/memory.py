@@ -17,7 +17,7 @@ import bisect
 import operator
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import InvalidArgumentError
 
@@ -95,9 +95,12 @@ class Allocation:
         return self.base + self.size
 
 
-@dataclass(frozen=True)
-class Region:
-    """A validated byte range: ``nbytes`` bytes at ``offset`` inside ``allocation``."""
+class Region(NamedTuple):
+    """A validated byte range: ``nbytes`` bytes at ``offset`` inside ``allocation``.
+
+    A named tuple rather than a dataclass: one is built per operand of every call, so
+    construction cost is part of the per-call overhead.
+    """
 
     allocation: Allocation
     offset: int

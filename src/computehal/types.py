@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar, cast, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -129,6 +129,17 @@ class OpClass(enum.Enum):
 E = TypeVar("E", bound=enum.Enum)
 
 
+_MEMBERS_BY_VALUE: dict[type[enum.Enum], dict[object, enum.Enum]] = {}
+
+
+def _members_by_value(enum_type: type[E]) -> dict[object, E]:
+    """``{value: member}`` of an enum: a dict lookup is much cheaper than ``Enum(value)``."""
+    table = _MEMBERS_BY_VALUE.get(enum_type)
+    if table is None:
+        table = _MEMBERS_BY_VALUE[enum_type] = {member.value: member for member in enum_type}
+    return cast(dict[object, E], table)
+
+
 def coerce_enum(enum_type: type[E], value: object, argument: str) -> E:
     """Return ``value`` as a member of ``enum_type``.
 
@@ -143,10 +154,9 @@ def coerce_enum(enum_type: type[E], value: object, argument: str) -> E:
     if isinstance(value, enum_type):
         return value
     if isinstance(value, str):
-        try:
-            return enum_type(value)
-        except ValueError:
-            pass
+        member = _members_by_value(enum_type).get(value)
+        if member is not None:
+            return member
         folded = value.strip().lower()
         for member in enum_type:
             if folded in (str(member.value).lower(), member.name.lower()):
