@@ -269,8 +269,6 @@ def test_example_numpy_network_runs(be: ch.CpuBackend, capsys: pytest.CaptureFix
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "examples" / "numpy_network.py"
-    if not path.exists():
-        pytest.skip("example not present")
     namespace: dict[str, Any] = runpy.run_path(str(path), run_name="not_main")
     namespace["main"](be)
     assert "without a copy" in capsys.readouterr().out
@@ -285,8 +283,6 @@ def test_cuda_zero_copy_round_trip() -> None:
     try:
         backend = cuda.CudaBackend()
         backend.init()
-    except TypeError as error:  # an unfinished backend class (abstract methods left)
-        pytest.skip(f"CUDA backend incomplete: {error}")
     except ch.BackendError as error:
         pytest.skip(f"no usable CUDA device: {error}")
     try:

@@ -124,6 +124,12 @@ def _cases() -> list[Any]:
     return params
 
 
+def test_ci_has_a_cuda_compiler() -> None:
+    """In CI the compile check must run: a missing toolchain fails instead of skipping."""
+    if os.environ.get("CI") and not COMPILERS:
+        pytest.fail("CI has neither nvcc nor NVRTC: install the cuda-compile extra (.ci/run does)")
+
+
 @pytest.mark.skipif(not COMPILERS, reason="neither nvcc nor NVRTC is installed: CUDA compile check not run")
 @pytest.mark.parametrize(("name", "defines", "arch", "tool"), _cases())
 def test_kernel_compiles_as_cuda(name: str, defines: dict[str, str], arch: str, tool: str) -> None:
