@@ -422,19 +422,19 @@ class CpuBackend(TableBackend):
         if p.sh == p.sw == 1 and not (p.fh == p.fw == 1 and p.ph == p.pw == 0):
             taps = np.ascontiguousarray(f.reshape(p.k, p.c, p.fh, p.fw).transpose(2, 3, 1, 0))
             out = self._array(p.y, (p.n, p.k, p.oh, p.ow))
-            target = np.empty_like(out) if self.overlaps(p.y, p.x) else out
+            target = np.empty_like(out) if self._overlaps(p.y, p.x) else out
             _conv_s1(x, taps, p.ph, p.pw, target)
             if target is not out:
                 out[...] = target
             return
         cols = self._im2col(p, x)
-        if self.overlaps(p.y, p.x, p.f):
+        if self._overlaps(p.y, p.x, p.f):
             y[...] = np.matmul(f, cols)
         else:
             np.matmul(f, cols, out=y)
 
     @staticmethod
-    def overlaps(out: Region, *inputs: Region) -> bool:
+    def _overlaps(out: Region, *inputs: Region) -> bool:
         """True when ``out`` shares memory with any of ``inputs``."""
         return any(out.overlaps(region) for region in inputs)
 
@@ -454,7 +454,7 @@ class CpuBackend(TableBackend):
                 f.reshape(p.k, p.c, p.fh, p.fw)[:, :, ::-1, ::-1].transpose(2, 3, 0, 1)
             )
             grad = gy.reshape(p.n, p.k, p.oh, p.ow)
-            target = np.empty_like(gx) if self.overlaps(p.x, p.y) else gx
+            target = np.empty_like(gx) if self._overlaps(p.x, p.y) else gx
             _conv_s1(grad, taps, p.fh - 1 - p.ph, p.fw - 1 - p.pw, target)
             if target is not gx:
                 gx[...] = target
@@ -492,7 +492,7 @@ class CpuBackend(TableBackend):
         crs, spatial = cols.shape[1], cols.shape[2]
         # grad_filter (K x CRS, row-major) = sum_n gy[n] @ cols[n]^T; in column-major terms
         # gf^T = cols[n] @ gy[n]^T, accumulated by BLAS with beta = 1 after the first image.
-        target = gf if not self.overlaps(p.f, p.x, p.y) else np.empty_like(gf)
+        target = gf if not self._overlaps(p.f, p.x, p.y) else np.empty_like(gf)
         for i in range(p.n):
             gemm_at(
                 F32, True, False, crs, p.k, spatial, 1.0,
@@ -510,7 +510,7 @@ class CpuBackend(TableBackend):
         k = self._array(p.k, (bh, p.seq_kv, p.head_dim))
         val = self._array(p.v, (bh, p.seq_kv, p.head_dim))
         o = self._array(p.o, (bh, p.seq_q, p.head_dim))
-        aliased = self.overlaps(p.o, p.q, p.k, p.v)
+        aliased = self._overlaps(p.o, p.q, p.k, p.v)
         target = np.empty_like(o) if aliased else o
         tasks = [(h, i0) for h in range(bh) for i0 in range(0, p.seq_q, self._block_q)]
         block_q, block_kv = min(self._block_q, p.seq_q), min(self._block_kv, p.seq_kv)
