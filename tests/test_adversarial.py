@@ -13,7 +13,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from computehal import BackendError, ComputeBackend, InvalidArgumentError, UnsupportedError
+from computehal import (
+    BackendError,
+    ComputeBackend,
+    InvalidArgumentError,
+    NotInitializedError,
+    UnsupportedError,
+)
 
 F32 = np.float32
 
@@ -404,10 +410,15 @@ def test_operations_after_close_and_free(backend_factory: Callable[[], ComputeBa
     ):
         with pytest.raises(BackendError):
             call()
-    q = be.alloc(64)  # a closed backend may still be used or may refuse; it must not crash
+    assert not be.is_initialized()
+    with pytest.raises(NotInitializedError):
+        be.alloc(64)
+    be.init()  # starts afresh; pointers from before the close stay invalid
+    q = be.alloc(64)
     be.free(q)
-    with pytest.raises(InvalidArgumentError):
-        be.unary("neg", q + 16, q + 16, 4)
+    for stale in (p, q):
+        with pytest.raises(InvalidArgumentError, match="freed"):
+            be.unary("neg", stale + 16, stale + 16, 4)
     be.close()
 
 

@@ -164,6 +164,7 @@ def test_gc_after_backend_close_is_quiet(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_stale_array_never_frees_a_newer_allocation(be: ch.CpuBackend) -> None:
     old = ca.empty((4,), be)
     be.close()  # releases old's memory behind its back
+    be.init()  # and starts afresh
     newer = [ca.empty((4,), be) for _ in range(4)]
     del old
     gc.collect()

@@ -63,7 +63,7 @@ def test_insert_refuses_overlap_and_remove_rules() -> None:
     with pytest.raises(InvalidArgumentError, match="only a base pointer"):
         table.remove("ptr", 0x1008)
     assert table.remove("ptr", 0x1000).size == 256
-    with pytest.raises(InvalidArgumentError, match="never allocated or already freed"):
+    with pytest.raises(InvalidArgumentError, match="already freed"):
         table.remove("ptr", 0x1000)
     assert len(table) == 1 and [a.base for a in table.live()] == [0x1100]
     assert [a.base for a in table.drain()] == [0x1100] and len(table) == 0

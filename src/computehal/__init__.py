@@ -16,6 +16,7 @@ from .errors import (
     OutOfMemoryError,
     UnsupportedError,
 )
+from .memory import AllocationInfo
 from .types import (
     BackendTranspose,
     BinaryOp,
@@ -24,6 +25,7 @@ from .types import (
     MemoryKind,
     MixedPrecision,
     OpClass,
+    PoolOp,
     ReduceOp,
     TileShape,
     UnaryOp,
@@ -47,6 +49,7 @@ __all__ = [
     "__version__",
     "ComputeBackend",
     "ForwardingBackend",
+    "AllocationInfo",
     "CpuBackend",
     "NullBackend",
     "BackendError",
@@ -62,6 +65,7 @@ __all__ = [
     "MemoryKind",
     "MixedPrecision",
     "OpClass",
+    "PoolOp",
     "ReduceOp",
     "TileShape",
     "UnaryOp",

@@ -163,6 +163,7 @@ def _report_json(report: ProbeReport) -> dict[str, Any]:
             return None
         fields = {name: getattr(c, name) for name in c.__dataclass_fields__}
         fields["native_ops"] = sorted(c.native_ops)
+        fields["op_dtypes"] = {op: sorted(names) for op, names in c.op_dtypes}
         return fields
 
     def device(d: DeviceInfo) -> dict[str, Any]:

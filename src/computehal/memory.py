@@ -1,34 +1,47 @@
 """Device-memory bookkeeping shared by every backend.
 
 A pointer is a plain ``int``. Each backend keeps a :class:`PointerTable` of its live
-allocations; before an operation touches memory it asks the table to
-:meth:`~PointerTable.resolve` every operand's byte range to a :class:`Region` (one
-allocation plus a byte offset). Interior pointers (base + offset) are valid, as on CUDA.
+allocations. An operation opens a :class:`Lease` on the table and asks it to
+:meth:`~Lease.resolve` every operand's byte range to a :class:`Region` (one allocation
+plus a byte offset). A lease *pins* each allocation it resolves until the operation
+ends: a :meth:`PointerTable.free` from any thread (or from a hostile ``__index__`` in
+the same call) unregisters the pointer at once, so that nothing new can name it, but the
+memory is released only when the last lease holding it ends. Interior pointers (base +
+offset) are valid, as on CUDA.
 
 Backends whose native memory is a host address (CPU) or a real device address (CUDA)
 register those addresses; backends whose memory is a handle (OpenCL ``cl_mem``, wgpu
-buffers) take synthetic addresses from an :class:`AddressSpace` and keep the handle as
-the allocation's payload.
+buffers) take synthetic, never-reused addresses from an :class:`AddressSpace` and keep
+the handle as the allocation's payload. The table remembers a bounded number of freed
+ranges, so a stale pointer is reported as freed rather than unknown.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import operator
 import threading
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any, NamedTuple
 
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, NotInitializedError
 
 __all__ = [
     "ALIGNMENT",
     "Allocation",
+    "AllocationInfo",
     "Region",
+    "Lease",
     "PointerTable",
     "AddressSpace",
     "as_pointer",
     "as_count",
+    "as_int",
+    "ceil_div",
 ]
 
 #: Every allocation's base address is a multiple of this many bytes.
@@ -39,6 +52,28 @@ ALIGNMENT = 64
 MAX_COUNT = 2**62
 
 
+def ceil_div(a: int, b: int) -> int:
+    """``ceil(a / b)`` for integers, ``b > 0``."""
+    return -(-a // b)
+
+
+def as_int(name: str, value: object, *, what: str = "an integer") -> int:
+    """Return ``value`` as a plain ``int`` through ``operator.index``; bools are refused.
+
+    This is the one place where caller objects are turned into integers: ``__index__``
+    runs exactly once, and only the plain ``int`` it returned is used afterwards.
+    """
+    if isinstance(value, int) and type(value) is int:
+        return value
+    if isinstance(value, bool):
+        raise InvalidArgumentError(f"{name} must be {what}, got a bool")
+    try:
+        result = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidArgumentError(f"{name} must be {what}, got {type(value).__name__}") from None
+    return int(result)
+
+
 def as_count(name: str, value: object) -> int:
     """Return ``value`` as a non-negative ``int`` (a size, dimension or stride).
 
@@ -47,12 +82,7 @@ def as_count(name: str, value: object) -> int:
     InvalidArgumentError
         If ``value`` is not an integer (``bool`` included), is negative, or exceeds 2**62.
     """
-    if isinstance(value, bool):
-        raise InvalidArgumentError(f"{name} must be an integer, got a bool")
-    try:
-        count = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise InvalidArgumentError(f"{name} must be an integer, got {type(value).__name__}") from None
+    count = as_int(name, value)
     if count < 0:
         raise InvalidArgumentError(f"{name} must be >= 0, got {count}")
     if count > MAX_COUNT:
@@ -62,12 +92,7 @@ def as_count(name: str, value: object) -> int:
 
 def as_pointer(name: str, value: object) -> int:
     """Return ``value`` as a pointer ``int``; 0, negatives and non-integers are errors."""
-    if isinstance(value, bool):
-        raise InvalidArgumentError(f"{name} must be an integer pointer, got a bool")
-    try:
-        ptr = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise InvalidArgumentError(f"{name} must be an integer pointer, got {type(value).__name__}") from None
+    ptr = as_int(name, value, what="an integer pointer")
     if ptr == 0:
         raise InvalidArgumentError(f"{name} is a null pointer")
     if ptr < 0 or ptr >= 2**64:
@@ -77,22 +102,41 @@ def as_pointer(name: str, value: object) -> int:
 
 @dataclass(eq=False)
 class Allocation:
-    """One live allocation: ``size`` bytes at ``base``.
+    """One allocation: ``size`` bytes at ``base``.
 
     ``payload`` is whatever the backend needs to reach the memory (a NumPy byte
     array, a ``cl.Buffer``, a wgpu buffer, a CuPy memory object). ``borrowed``
     allocations were registered from outside and are never freed by the backend.
+    ``serial`` is unique per table and never reused (an address may be, eventually);
+    ``pins`` counts the operations using the allocation; ``freed`` is set when it is
+    unregistered (its memory may still be pinned by a running operation).
     """
 
     base: int
     size: int
     payload: Any
     borrowed: bool = False
+    serial: int = 0
+    pins: int = 0
+    freed: bool = False
 
     @property
     def end(self) -> int:
         """One past the last byte."""
         return self.base + self.size
+
+
+class AllocationInfo(NamedTuple):
+    """What a backend tells about the allocation holding a pointer (see ``allocation_of``).
+
+    ``serial`` identifies the allocation for the lifetime of its backend: a later
+    allocation at the same address has another serial.
+    """
+
+    base: int
+    size: int
+    borrowed: bool
+    serial: int
 
 
 class Region(NamedTuple):
@@ -122,32 +166,100 @@ class Region(NamedTuple):
             return False
         return self.offset < other.offset + other.nbytes and other.offset < self.offset + self.nbytes
 
+    def shifted(self, nbytes: int) -> Region:
+        """This region moved ``nbytes`` further into its allocation (the caller validated it)."""
+        return Region(self.allocation, self.offset + nbytes, self.nbytes)
+
+    def sized(self, nbytes: int) -> Region:
+        """The first ``nbytes`` bytes of this region (the caller validated it)."""
+        return Region(self.allocation, self.offset, nbytes)
+
+
+class Lease:
+    """The operands of one operation, pinned from resolution until the lease ends.
+
+    Use as a context manager: ``with table.lease() as lease: region = lease.resolve(...)``.
+    Leases are cheap (one per call) and belong to one thread.
+    """
+
+    __slots__ = ("_table", "_pinned")
+
+    def __init__(self, table: PointerTable) -> None:
+        self._table = table
+        self._pinned: list[Allocation] = []
+
+    def resolve(self, name: str, ptr: object, nbytes: int, align: int = 1) -> Region:
+        """Check and pin ``nbytes`` bytes at ``ptr``; see :meth:`PointerTable.resolve`."""
+        region = self._table._lookup(name, ptr, nbytes, align, self._pinned)
+        return region
+
+    def pin(self, allocation: Allocation) -> None:
+        """Pin an allocation found otherwise (a backend's scratch, say) until the lease ends."""
+        with self._table._lock:
+            allocation.pins += 1
+            self._pinned.append(allocation)
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._table._end(self._pinned)
+
 
 class PointerTable:
     """Thread-safe table of live allocations, keyed by base address.
+
+    Parameters
+    ----------
+    release : callable, optional
+        Called with each owned (not borrowed) allocation once it is freed and no
+        operation pins it any more; it returns the memory to the device. It is never
+        called while the table's lock is held.
+    remember : int
+        How many freed ranges are remembered for error messages ("was freed").
 
     Lookups of interior pointers bisect the sorted list of bases, so each operand
     check costs O(log n) in the number of live allocations.
     """
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
+    def __init__(self, release: Callable[[Allocation], None] | None = None, remember: int = 4096) -> None:
+        self._lock = threading.RLock()
+        self._idle = threading.Condition(self._lock)
         self._bases: list[int] = []
         self._by_base: dict[int, Allocation] = {}
+        self._freed: OrderedDict[int, int] = OrderedDict()
+        self._remember = remember
+        self._release = release
+        self._serials = itertools.count(1)
+        self._leases = 0
+        self._closed = False
+        self._on_idle: list[Callable[[], None]] = []
+
+    # ---------------------------------------------------------------- registration
 
     def insert(self, allocation: Allocation) -> None:
-        """Register ``allocation``; its range must not overlap a live one."""
+        """Register ``allocation`` (giving it a fresh serial); it must not overlap a live one."""
         with self._lock:
             i = bisect.bisect_right(self._bases, allocation.base)
             if i > 0 and self._by_base[self._bases[i - 1]].end > allocation.base:
                 raise InvalidArgumentError(f"range at {allocation.base:#x} overlaps a live allocation")
             if i < len(self._bases) and self._bases[i] < allocation.end:
                 raise InvalidArgumentError(f"range at {allocation.base:#x} overlaps a live allocation")
+            allocation.serial = next(self._serials)
+            allocation.freed = False
             self._bases.insert(i, allocation.base)
             self._by_base[allocation.base] = allocation
+            self._freed.pop(allocation.base, None)
 
     def remove(self, name: str, ptr: object) -> Allocation:
-        """Unregister and return the allocation whose base is ``ptr``.
+        """Unregister the allocation whose base is ``ptr`` and mark it freed; return it.
+
+        The caller decides what happens to the memory; :meth:`free` is the usual path.
 
         Raises
         ------
@@ -165,11 +277,38 @@ class PointerTable:
                         f"{name} = {address:#x} points {address - inner.base} bytes into an "
                         f"allocation at {inner.base:#x}; only a base pointer can be freed"
                     )
+                if address in self._freed:
+                    raise InvalidArgumentError(f"{name} = {address:#x} was already freed (double free)")
                 raise InvalidArgumentError(
                     f"{name} = {address:#x} is not a live allocation (never allocated or already freed)"
                 )
             self._bases.pop(bisect.bisect_left(self._bases, address))
+            self._forget(allocation)
             return allocation
+
+    def free(self, name: str, ptr: object) -> None:
+        """Unregister ``ptr`` now; release its memory now, or when the last operation using it ends."""
+        allocation = self.remove(name, ptr)
+        with self._lock:
+            due = allocation.pins == 0
+        if due:
+            self._released([allocation])
+
+    def _forget(self, allocation: Allocation) -> None:
+        # Under the lock: mark freed and remember the range for "was freed" messages.
+        allocation.freed = True
+        self._freed[allocation.base] = allocation.size
+        while len(self._freed) > self._remember:
+            self._freed.popitem(last=False)
+
+    def _released(self, allocations: list[Allocation]) -> None:
+        if self._release is None:
+            return
+        for allocation in allocations:
+            if not allocation.borrowed:
+                self._release(allocation)
+
+    # ---------------------------------------------------------------- lookups
 
     def _find(self, address: int) -> Allocation | None:
         i = bisect.bisect_right(self._bases, address) - 1
@@ -180,34 +319,104 @@ class PointerTable:
             return allocation
         return None
 
+    def _missing(self, name: str, address: int) -> InvalidArgumentError:
+        # Under the lock.
+        for base, size in reversed(self._freed.items()):
+            if base <= address <= base + size:
+                return InvalidArgumentError(
+                    f"{name} = {address:#x} points into an allocation that was freed "
+                    f"({size} bytes at {base:#x})"
+                )
+        return InvalidArgumentError(
+            f"{name} = {address:#x} does not point into any live allocation of this backend"
+        )
+
+    def _lookup(
+        self, name: str, ptr: object, nbytes: int, align: int, pinned: list[Allocation] | None
+    ) -> Region:
+        address = ptr if type(ptr) is int and ptr > 0 else as_pointer(name, ptr)
+        if address % align:
+            raise InvalidArgumentError(f"{name} = {address:#x} is not aligned to its {align}-byte elements")
+        with self._lock:
+            allocation = self._find(address)
+            if allocation is None:
+                raise self._missing(name, address)
+            available = allocation.end - address
+            if nbytes > available or (nbytes > 0 and available == 0):
+                raise InvalidArgumentError(
+                    f"{name} = {address:#x} needs {nbytes} bytes but only {available} remain in "
+                    f"its allocation ({allocation.size} bytes at {allocation.base:#x})"
+                )
+            if pinned is not None:
+                allocation.pins += 1
+                pinned.append(allocation)
+        return Region(allocation, address - allocation.base, nbytes)
+
     def resolve(self, name: str, ptr: object, nbytes: int, align: int = 1) -> Region:
-        """Check that ``nbytes`` bytes at ``ptr`` lie inside one live allocation.
+        """Check that ``nbytes`` bytes at ``ptr`` lie inside one live allocation (no pin).
 
         A zero-byte range only needs ``ptr`` to point into (or one past the end of)
         a live allocation. ``align`` is the required alignment of ``ptr`` (the element
         size for typed operands: every device, and BLAS, needs naturally aligned data).
+        Operations resolve through a :meth:`lease` instead, which also pins.
 
         Raises
         ------
         InvalidArgumentError
             Naming the argument, the pointer in hex, and the bytes needed vs available.
         """
-        address = as_pointer(name, ptr)
-        if address % align:
-            raise InvalidArgumentError(f"{name} = {address:#x} is not aligned to its {align}-byte elements")
+        return self._lookup(name, ptr, nbytes, align, None)
+
+    def info(self, ptr: object) -> AllocationInfo | None:
+        """The live allocation holding ``ptr`` (base .. end inclusive), or None."""
+        address = as_pointer("ptr", ptr)
         with self._lock:
             allocation = self._find(address)
-        if allocation is None:
-            raise InvalidArgumentError(
-                f"{name} = {address:#x} does not point into any live allocation of this backend"
-            )
-        available = allocation.end - address
-        if nbytes > available or (nbytes > 0 and available == 0):
-            raise InvalidArgumentError(
-                f"{name} = {address:#x} needs {nbytes} bytes but only {available} remain in "
-                f"its allocation ({allocation.size} bytes at {allocation.base:#x})"
-            )
-        return Region(allocation, address - allocation.base, nbytes)
+            if allocation is None:
+                return None
+            return AllocationInfo(allocation.base, allocation.size, allocation.borrowed, allocation.serial)
+
+    # ---------------------------------------------------------------- leases
+
+    def lease(self) -> Lease:
+        """A new :class:`Lease` for one operation.
+
+        Raises
+        ------
+        NotInitializedError
+            If the table has been closed (the backend was closed).
+        """
+        with self._lock:
+            if self._closed:
+                raise NotInitializedError()
+            self._leases += 1
+        _THREAD.depth = getattr(_THREAD, "depth", 0) + 1
+        return Lease(self)
+
+    def _end(self, pinned: list[Allocation]) -> None:
+        due: list[Allocation] = []
+        callbacks: list[Callable[[], None]] = []
+        _THREAD.depth -= 1
+        with self._lock:
+            for allocation in pinned:
+                allocation.pins -= 1
+                if allocation.pins == 0 and allocation.freed:
+                    due.append(allocation)
+            pinned.clear()
+            self._leases -= 1
+            if self._leases == 0:
+                callbacks, self._on_idle = self._on_idle, []
+                self._idle.notify_all()
+        self._released(due)
+        for callback in callbacks:
+            callback()
+
+    def busy(self) -> bool:
+        """True while an operation holds a lease."""
+        with self._lock:
+            return self._leases > 0
+
+    # ---------------------------------------------------------------- whole table
 
     def live(self) -> list[Allocation]:
         """A snapshot of the live allocations, in address order."""
@@ -219,21 +428,72 @@ class PointerTable:
             return len(self._bases)
 
     def drain(self) -> list[Allocation]:
-        """Unregister and return every live allocation."""
+        """Unregister every live allocation; release those no operation pins, now.
+
+        Returns every allocation that was live. Pinned ones are released when their
+        last operation ends. Safe against re-entry (a garbage-collector finaliser
+        freeing an array while the table drains finds it already gone).
+        """
         with self._lock:
-            allocations = [self._by_base[b] for b in self._bases]
-            self._bases.clear()
-            self._by_base.clear()
-            return allocations
+            fresh_bases: list[int] = []
+            fresh_map: dict[int, Allocation] = {}
+            old_bases, old_map = self._bases, self._by_base
+            self._bases, self._by_base = fresh_bases, fresh_map
+            allocations = [old_map[b] for b in old_bases]
+            due = []
+            for allocation in allocations:
+                self._forget(allocation)
+                if allocation.pins == 0:
+                    due.append(allocation)
+        self._released(due)
+        return allocations
+
+    def close(self, shutdown: Callable[[], None] | None = None) -> None:
+        """Refuse new leases, drain, and run ``shutdown`` once no operation is running.
+
+        Called from another thread, this waits for running operations to end. Called
+        from inside an operation (a hostile ``__index__``, a callback), it cannot wait:
+        ``shutdown`` then runs when that operation's lease ends.
+        """
+        with self._lock:
+            self._closed = True
+        self.drain()
+        if shutdown is None:
+            return
+        with self._lock:
+            if self._leases and _holds_lease_here():
+                self._on_idle.append(shutdown)
+                return
+            while self._leases:
+                self._idle.wait()
+        shutdown()
+
+    def reopen(self) -> None:
+        """Accept leases again (the backend was initialised after a close)."""
+        with self._lock:
+            self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close` until :meth:`reopen`."""
+        return self._closed
+
+
+_THREAD = threading.local()
+
+
+def _holds_lease_here() -> bool:
+    """True when the calling thread is inside an operation of some backend."""
+    return bool(getattr(_THREAD, "depth", 0))
 
 
 class AddressSpace:
     """Hands out synthetic, never-reused, 64-byte-aligned addresses.
 
     Used by backends whose memory is a handle. Addresses are never reused, so a
-    stale pointer to a freed buffer is always reported as unknown rather than
-    silently aliasing a newer allocation. A guard gap separates allocations so an
-    off-by-a-few pointer past one allocation never lands inside the next.
+    stale pointer to a freed buffer is always reported as freed or unknown rather
+    than silently aliasing a newer allocation. A guard gap separates allocations so
+    an off-by-a-few pointer past one allocation never lands inside the next.
     """
 
     def __init__(self, start: int = 0x7E00_0000_0000, guard: int = 4096) -> None:
@@ -245,6 +505,6 @@ class AddressSpace:
         """Return the base address for a new allocation of ``nbytes`` bytes."""
         with self._lock:
             base = self._next
-            span = -(-max(nbytes, 1) // ALIGNMENT) * ALIGNMENT
+            span = ceil_div(max(nbytes, 1), ALIGNMENT) * ALIGNMENT
             self._next = base + span + self._guard
             return base

@@ -9,13 +9,14 @@ from typing import Any, TypeVar, cast, overload
 import numpy as np
 import numpy.typing as npt
 
-from .errors import InvalidArgumentError
+from .errors import BackendError, InvalidArgumentError
 
 __all__ = [
     "BackendTranspose",
     "ReduceOp",
     "UnaryOp",
     "BinaryOp",
+    "PoolOp",
     "MixedPrecision",
     "MemoryKind",
     "OpClass",
@@ -71,6 +72,17 @@ class UnaryOp(enum.Enum):
     SQRT = "sqrt"
     ABS = "abs"
     NEG = "neg"
+    # computehal extensions
+    GELU = "gelu"
+    GELU_TANH = "gelu_tanh"
+    SILU = "silu"
+    ERF = "erf"
+    RECIPROCAL = "reciprocal"
+    SQUARE = "square"
+    SIN = "sin"
+    COS = "cos"
+    LEAKY_RELU = "leaky_relu"
+    CLIP = "clip"
 
     def __str__(self) -> str:
         return self.value
@@ -85,6 +97,18 @@ class BinaryOp(enum.Enum):
     DIV = "div"
     MAX = "max"
     MIN = "min"
+    # computehal extension
+    POW = "pow"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class PoolOp(enum.Enum):
+    """Window function of :meth:`ComputeBackend.pool2d` (a computehal extension)."""
+
+    MAX = "max"
+    AVG = "avg"
 
     def __str__(self) -> str:
         return self.value
@@ -172,9 +196,10 @@ class Capabilities:
     """What a backend's device can do.
 
     Every field defaults to the conservative CPU profile (see :meth:`cpu`).
-    The extension fields ``supports_fp64`` and ``native_ops`` are additions of
-    computehal: whether float64 GEMM is possible at all, and the operations the
-    backend runs natively rather than through a default composition.
+    The extension fields are additions of computehal: ``supports_fp64`` (whether
+    float64 is possible at all), ``native_ops`` (the operations the backend runs
+    natively rather than through a default composition) and ``op_dtypes`` (for each
+    operation, the dtype names it takes on this device; see :meth:`supports`).
     """
 
     supports_fp16: bool = False
@@ -190,11 +215,29 @@ class Capabilities:
     warp_size: int = 1
     supports_fp64: bool = True
     native_ops: frozenset[str] = field(default_factory=frozenset)
+    op_dtypes: tuple[tuple[str, frozenset[str]], ...] = ()
 
     @classmethod
     def cpu(cls) -> Capabilities:
         """The conservative host-CPU profile: no 16-bit or tensor hardware, unified memory."""
         return cls()
+
+    def dtypes(self, op: str) -> frozenset[str]:
+        """The dtype names ``op`` takes on this device (empty when unknown or not offered)."""
+        for name, names in self.op_dtypes:
+            if name == op:
+                return names
+        return frozenset()
+
+    def supports(self, op: str, dtype: object = "float32") -> bool:
+        """True when operation ``op`` takes ``dtype`` (a name or NumPy dtype) on this device."""
+        from .dtypes import as_float_dtype
+
+        try:
+            name = as_float_dtype(dtype).name
+        except BackendError:
+            return False
+        return name in self.dtypes(op)
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,28 @@
-"""The shared base of every memory-owning backend: lifecycle, pointer table, copies, validation.
+"""The shared base of every memory-owning backend: lifecycle, pointer table, copies, dispatch.
 
-:class:`TableBackend` implements ``init`` / ``is_initialized`` / ``alloc`` / ``free``
-/ ``copy_htod`` / ``copy_dtoh`` / ``close`` once, on top of small hooks a concrete
-backend provides (:meth:`_open`, :meth:`_allocate`, :meth:`_release`, :meth:`_write`,
-:meth:`_read`). It also implements every public operation once: the method checks
-that the backend is initialised, validates all arguments through
-:mod:`computehal.validation` into a problem record, and hands that record to the
-backend's ``_exec_<op>`` hook. A backend therefore only ever sees validated problems,
-and the public signatures (with their documentation on
-:class:`~computehal.ComputeBackend`) are written in one place.
+:class:`TableBackend` implements the whole public contract once, on top of small hooks a
+concrete backend provides:
+
+* device plumbing: :meth:`~TableBackend._open` / :meth:`~TableBackend._shutdown`,
+  :meth:`~TableBackend._allocate` / :meth:`~TableBackend._release`,
+  :meth:`~TableBackend._write` / :meth:`~TableBackend._read`, and optionally
+  :meth:`~TableBackend._memory_limit` and :meth:`~TableBackend._borrow_payload`;
+* one ``_exec_<op>(problem)`` hook per operation, which only ever sees a validated
+  problem record (:mod:`computehal.validation`);
+* :meth:`~TableBackend._native_dtypes`: which dtypes each hook handles itself.
+
+Every public operation is generated from the signature in
+:class:`~computehal.ComputeBackend`: it opens a lease on the pointer table (pinning the
+operands until it returns), validates, and hands the problem to :meth:`TableBackend._dispatch`,
+which applies the mechanisms written once for every backend:
+
+* nothing to write: return; one value everywhere (a reduction over an empty axis, a
+  convolution over zero channels): :meth:`_exec_fill`;
+* an input overlapping an output (other than the very same range, for element-wise
+  ops): the input is copied aside on the device first, so results are as if inputs
+  were read first;
+* a 16-bit dtype the hook does not take natively: operands are widened to float32 on
+  the device (:meth:`_exec_cast`), the float32 hook runs, outputs are rounded back.
 """
 
 from __future__ import annotations
@@ -16,12 +30,15 @@ from __future__ import annotations
 import abc
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ClassVar, ParamSpec, TypeVar
 
 from .. import validation as v
-from ..backend import ComputeBackend
+from .._generate import method_from
+from ..backend import ALL_OPS, ComputeBackend
+from ..dtypes import F32
 from ..errors import (
     BackendError,
     DeviceError,
@@ -30,14 +47,17 @@ from ..errors import (
     OutOfMemoryError,
     UnsupportedError,
 )
-from ..memory import Allocation, PointerTable, Region, as_count
-from ..types import MixedPrecision, TileShape
-from ..validation import host_buffer
+from ..memory import ALIGNMENT, Allocation, AllocationInfo, PointerTable, Region, as_count, as_pointer
+from ..types import Capabilities, TileShape
 
 __all__ = ["TableBackend", "guarded"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+#: dtype names an op takes when its hook exists and says nothing else.
+_F32_ONLY = frozenset({"float32"})
+_WIDENED = frozenset({"float16", "bfloat16"})
 
 
 def guarded(method: Callable[P, R]) -> Callable[P, R]:
@@ -62,27 +82,61 @@ def guarded(method: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-def _shift(region: Region, nbytes: int) -> Region:
-    """``region`` moved ``nbytes`` bytes further into its allocation (validated by the caller)."""
-    return Region(region.allocation, region.offset + nbytes, region.nbytes)
+def _operation(op: str) -> Any:
+    """The public method of ``op``: open a lease, validate, dispatch (signature from the contract)."""
+    return guarded(
+        method_from(
+            getattr(ComputeBackend, op),
+            "with self._memory().lease() as lease:\n    self._dispatch({name!r}, _validate(lease, {call}))",
+            {"__name__": __name__, "_validate": v.VALIDATORS[op]},
+            qualname=f"TableBackend.{op}",
+        )
+    )
+
+
+def _unimplemented(op: str) -> Callable[[TableBackend, Any], None]:
+    def hook(self: TableBackend, p: Any) -> None:
+        raise UnsupportedError(f"{op} is not implemented by the {self.name()} backend")
+
+    hook.__name__ = f"_exec_{op}"
+    hook.__doc__ = f"Run a validated ``{op}``; the default raises UnsupportedError."
+    return hook
 
 
 class TableBackend(ComputeBackend):
-    """A backend whose allocations live in a :class:`PointerTable`.
+    """A backend whose allocations live in a :class:`~computehal.memory.PointerTable`.
 
-    Thread-safe: the table has its own lock, and ``init`` / ``close`` serialise on
-    the backend's lock.
+    Thread-safe: the table has its own lock, operations pin their operands, and
+    ``init`` / ``close`` serialise on the backend's lock.
+
+    Class attributes
+    ----------------
+    kind : str
+        The :class:`~computehal.registry.BackendKind` name this backend registers as.
+    handles_aliasing : frozenset of str
+        Operations whose hooks cope with any overlap of inputs and outputs themselves,
+        so the base does not copy inputs aside for them.
     """
 
-    def __init__(self) -> None:
-        self._table = PointerTable()
+    kind: ClassVar[str] = "cpu"
+    handles_aliasing: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, device: int = 0) -> None:
+        self._device_ordinal = as_count("device", device)
+        self._table = PointerTable(release=self._release)
+        self._table.close()  # no lease before init
         self._initialized = False
         self._lifecycle_lock = threading.Lock()
+        self._dtype_cache: dict[str, frozenset[str]] | None = None
+        self._native_cache: dict[str, frozenset[str]] = {}
 
     # ------------------------------------------------------------------ hooks
 
     def _open(self) -> None:
-        """Create contexts, queues and compile what is needed; called once by ``init``."""
+        """Create contexts, queues and compile what is needed; called by ``init``."""
+
+    def _shutdown(self) -> None:
+        """Release contexts, queues and caches; called by ``close`` once no operation runs."""
 
     @abc.abstractmethod
     def _allocate(self, nbytes: int) -> tuple[int, Any]:
@@ -90,7 +144,12 @@ class TableBackend(ComputeBackend):
 
     @abc.abstractmethod
     def _release(self, allocation: Allocation) -> None:
-        """Free the memory behind ``allocation`` (never called for borrowed ranges)."""
+        """Free the memory behind ``allocation`` (never called for borrowed ranges).
+
+        Called once no operation uses the allocation any more; for asynchronous
+        devices, work already submitted may still read it (the runtime must keep it
+        alive until that work completes, or the backend defers the release).
+        """
 
     @abc.abstractmethod
     def _write(self, region: Region, data: memoryview) -> None:
@@ -99,6 +158,53 @@ class TableBackend(ComputeBackend):
     @abc.abstractmethod
     def _read(self, region: Region, out: memoryview) -> None:
         """Copy ``region.nbytes`` bytes of device memory at ``region`` into ``out``."""
+
+    def _memory_limit(self) -> int | None:
+        """Largest allocation that can succeed now (bytes), or None when unknown."""
+        return None
+
+    def _borrow_payload(self, address: int, nbytes: int, owner: object) -> Any:
+        """The payload for memory borrowed at ``address``; raise UnsupportedError if impossible."""
+        raise UnsupportedError(f"the {self.name()} backend cannot borrow memory it did not allocate")
+
+    def _native_dtypes(self) -> Mapping[str, Iterable[str]]:
+        """For each operation this backend implements, the dtype names its hook takes.
+
+        Operations missing here raise :class:`UnsupportedError`; 16-bit dtypes missing
+        for an op are run through float32 when ``cast`` takes them. The default: every
+        op whose ``_exec_`` hook is overridden, float32 only.
+        """
+        return {op: _F32_ONLY for op in ALL_OPS if self._overrides(f"_exec_{op}")}
+
+    def _dtype_note(self, dtype: str) -> str:
+        """Why this backend lacks ``dtype`` (appended to the UnsupportedError), or ""."""
+        return ""
+
+    def _overrides(self, hook: str) -> bool:
+        return getattr(type(self), hook, None) is not getattr(TableBackend, hook, None)
+
+    # ------------------------------------------------------------------ dtypes
+
+    def op_dtypes(self) -> dict[str, frozenset[str]]:
+        """For each operation, every dtype name it takes on this backend (natively or widened)."""
+        if self._dtype_cache is None:
+            native = {op: frozenset(names) for op, names in self._native_dtypes().items()}
+            widen = native.get("cast", frozenset()) >= {"float32"} | _WIDENED
+            table = {}
+            for op, names in native.items():
+                extra = (
+                    _WIDENED if widen and op not in ("cast", "copy_dtod") and "float32" in names else set()
+                )
+                table[op] = names | extra
+            self._native_cache = native
+            self._dtype_cache = table
+        return self._dtype_cache
+
+    def _with_dtypes(self, caps: Capabilities) -> Capabilities:
+        """``caps`` with ``op_dtypes`` and ``native_ops`` filled from this backend's table."""
+        table = self.op_dtypes()
+        ordered = tuple((op, table[op]) for op in ALL_OPS if op in table)
+        return replace(caps, op_dtypes=ordered, native_ops=frozenset(table))
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -112,6 +218,8 @@ class TableBackend(ComputeBackend):
                 raise
             except Exception as exc:
                 raise DeviceError(f"{self.name()} backend failed to initialise: {exc}") from exc
+            self._dtype_cache = None
+            self._table.reopen()
             self._initialized = True
 
     def is_initialized(self) -> bool:
@@ -123,11 +231,18 @@ class TableBackend(ComputeBackend):
             raise NotInitializedError()
         return self._table
 
+    @guarded
     def close(self) -> None:
-        """Free every allocation that is still live (borrowed ranges are only forgotten)."""
-        for allocation in self._table.drain():
-            if not allocation.borrowed:
-                self._release(allocation)
+        """Free every live allocation (borrowed ranges are only forgotten), then shut down.
+
+        Operations running in other threads finish first. Afterwards the backend is
+        uninitialised; :meth:`init` starts it afresh.
+        """
+        with self._lifecycle_lock:
+            if not self._initialized:
+                return
+            self._initialized = False
+        self._table.close(shutdown=self._shutdown)
 
     def recommended_tile_for(self, m: int, n: int, k: int) -> TileShape:
         """The default tile heuristic, after checking that the backend is initialised.
@@ -151,74 +266,164 @@ class TableBackend(ComputeBackend):
         nbytes = as_count("bytes", bytes)
         if nbytes == 0:
             raise InvalidArgumentError("bytes must be >= 1 (alloc(0) is not allowed)")
+        limit = self._memory_limit()
+        if limit is not None and nbytes > limit:
+            raise OutOfMemoryError(nbytes, limit)
         base, payload = self._allocate(nbytes)
         table.insert(Allocation(base, nbytes, payload))
         return base
 
     @guarded
     def free(self, ptr: int) -> None:
-        allocation = self._memory().remove("ptr", ptr)
-        if not allocation.borrowed:
-            self._release(allocation)
+        self._memory().free("ptr", ptr)
 
     @guarded
     def copy_htod(self, dst: int, src: Any) -> None:
         table = self._memory()
-        data = host_buffer("src", src, writable=False)
-        region = table.resolve("dst", dst, data.nbytes)
-        if data.nbytes:
-            self._write(region, data)
+        data = v.host_buffer("src", src, writable=False)
+        with table.lease() as lease:
+            region = lease.resolve("dst", dst, data.nbytes)
+            if data.nbytes:
+                self._write(region, data)
 
     @guarded
     def copy_dtoh(self, dst: Any, src: int) -> None:
         table = self._memory()
-        out = host_buffer("dst", dst, writable=True)
-        region = table.resolve("src", src, out.nbytes)
-        if out.nbytes:
-            self._read(region, out)
+        out = v.host_buffer("dst", dst, writable=True)
+        with table.lease() as lease:
+            region = lease.resolve("src", src, out.nbytes)
+            if out.nbytes:
+                self._read(region, out)
 
-    # ------------------------------------------------------------------ operations
-    # Each public operation validates once, here, then calls the backend's hook.
+    @guarded
+    def allocation_of(self, ptr: int) -> AllocationInfo | None:
+        return self._memory().info(ptr)
 
-    def _exec_unimplemented(self, operation: str) -> None:
-        raise UnsupportedError(f"{operation} is not implemented by the {self.name()} backend")
+    @guarded
+    def borrow(self, address: int, nbytes: int, owner: object) -> int:
+        table = self._memory()
+        base, size = as_pointer("address", address), as_count("nbytes", nbytes)
+        if size == 0:
+            raise InvalidArgumentError("nbytes must be >= 1")
+        if base % ALIGNMENT:
+            raise InvalidArgumentError(f"address = {base:#x} is not aligned to {ALIGNMENT} bytes")
+        payload = self._borrow_payload(base, size, owner)
+        table.insert(Allocation(base, size, payload, borrowed=True))
+        return base
+
+    # ------------------------------------------------------------------ scratch
+
+    def _scratch_range(self, nbytes: int) -> Region:
+        """A private device range of ``nbytes`` bytes (not in the table); see :meth:`_drop_scratch`."""
+        base, payload = self._allocate(max(nbytes, 1))
+        return Region(Allocation(base, max(nbytes, 1), payload), 0, nbytes)
+
+    def _drop_scratch(self, scratch: Region) -> None:
+        """Release a range from :meth:`_scratch_range` (after the work using it was submitted)."""
+        self._release(scratch.allocation)
+
+    @contextmanager
+    def _scratches(self) -> Iterator[list[Region]]:
+        """Collects scratch ranges and drops them all on exit."""
+        held: list[Region] = []
+        try:
+            yield held
+        finally:
+            for region in held:
+                self._drop_scratch(region)
+
+    # ------------------------------------------------------------------ dispatch
+
+    def _dispatch(self, op: str, p: v.Problem) -> None:
+        """Run a validated problem through the shared mechanisms and the backend's hook."""
+        if p.empty:
+            return
+        if self._dtype_cache is None:
+            self.op_dtypes()
+        native = self._native_cache.get(op)
+        name = p.dtype.name
+        if native is None or name not in native:
+            if native is not None and name in _WIDENED and name in self.op_dtypes().get(op, ()):
+                self._widen_and_dispatch(op, p)
+                return
+            raise UnsupportedError(
+                f"{op} with dtype {name} on the {self.name()} backend{self._dtype_note(name)}"
+            )
+        constant = p.constant_output()
+        if constant is not None:
+            region, value = constant
+            self._exec_fill(v.FillProblem(region, region.nbytes // p.dtype.itemsize, value, p.dtype))
+            return
+        if op in self.handles_aliasing:
+            getattr(self, "_exec_" + op)(p)
+            return
+        with self._scratches() as held:
+            getattr(self, "_exec_" + op)(self._copy_inputs_aside(p, held))
+
+    def _copy_inputs_aside(self, p: v.Problem, held: list[Region]) -> v.Problem:
+        """``p`` with every input that overlaps an output replaced by a device copy."""
+        outputs = [getattr(p, o.field) for o in p.OPERANDS if o.role is not v.Role.IN]
+        changes: dict[str, Region] = {}
+        for operand in p.OPERANDS:
+            if operand.role is not v.Role.IN:
+                continue
+            region = getattr(p, operand.field)
+            if region is None or not region.nbytes:
+                continue
+            for out in outputs:
+                if out is None or not region.overlaps(out):
+                    continue
+                if p.ALIAS_IDENTICAL_OK and region == out:
+                    continue
+                copy = self._scratch_range(region.nbytes)
+                held.append(copy)
+                self._exec_copy_dtod(v.CopyProblem(copy, region, region.nbytes))
+                changes[operand.field] = copy
+                break
+        return p.retyped(p.dtype, changes) if changes else p
+
+    def _widen_and_dispatch(self, op: str, p: v.Problem) -> None:
+        """Run a 16-bit problem in float32: widen the operands, run, round the outputs back."""
+        with self._scratches() as held:
+            changes: dict[str, Region] = {}
+            back: list[tuple[Region, Region, int]] = []
+            for operand, region in p.regions():
+                if not operand.is_float:
+                    continue
+                count = region.nbytes // p.dtype.itemsize
+                wide = self._scratch_range(count * 4)
+                held.append(wide)
+                changes[operand.field] = wide
+                if operand.role is not v.Role.OUT:
+                    self._exec_cast(v.CastProblem(count, region, wide, p.dtype, F32))
+                if operand.role is not v.Role.IN:
+                    back.append((wide, region, count))
+            self._dispatch(op, p.retyped(F32, changes))
+            for wide, region, count in back:
+                self._exec_cast(v.CastProblem(count, wide, region, F32, p.dtype))
+
+    # ------------------------------------------------------------------ operation hooks
 
     @abc.abstractmethod
     def _exec_gemm(self, p: v.GemmProblem) -> None:
-        """Run a validated GEMM (``p.dtype`` float32 or float64)."""
+        """Run a validated GEMM."""
 
     def _exec_batched_gemm(self, p: v.BatchedGemmProblem) -> None:
         """Run a validated strided batched GEMM; the default runs :meth:`_exec_gemm` per batch."""
-        if p.empty:
-            return
-        g = p.gemm
-        size = g.dtype.itemsize
         for i in range(p.batch_count):
-            step = i * size
-            self._exec_gemm(
-                replace(
-                    g,
-                    a=_shift(g.a, step * p.stride_a),
-                    b=_shift(g.b, step * p.stride_b),
-                    c=_shift(g.c, step * p.stride_c),
-                )
-            )
+            self._exec_gemm(p.batch(i))
 
-    def _exec_gemm_mixed_precision(self, fmt: MixedPrecision, p: v.GemmProblem) -> None:
-        """Run a validated float32 GEMM whose operands are rounded through ``fmt``."""
-        self._exec_unimplemented("gemm_mixed_precision")
+    @abc.abstractmethod
+    def _exec_copy_dtod(self, p: v.CopyProblem) -> None:
+        """Copy ``p.nbytes`` bytes from ``p.src`` to ``p.dst`` (they do not overlap)."""
+
+    @abc.abstractmethod
+    def _exec_fill(self, p: v.FillProblem) -> None:
+        """Set ``p.count`` elements of ``p.dtype`` at ``p.region`` to ``p.value``."""
 
     @abc.abstractmethod
     def _exec_conv2d_forward(self, p: v.ConvProblem) -> None:
         """Run a validated forward convolution (``p.x`` input, ``p.f`` filter, ``p.y`` output)."""
-
-    def _exec_conv2d_backward_data(self, p: v.ConvProblem) -> None:
-        """Write the input gradient to ``p.x`` from ``p.y`` (output gradient) and ``p.f``."""
-        self._exec_unimplemented("conv2d_backward_data")
-
-    def _exec_conv2d_backward_filter(self, p: v.ConvProblem) -> None:
-        """Write the filter gradient to ``p.f`` from ``p.x`` (input) and ``p.y`` (output gradient)."""
-        self._exec_unimplemented("conv2d_backward_filter")
 
     @abc.abstractmethod
     def _exec_attention(self, p: v.AttentionProblem) -> None:
@@ -228,10 +433,6 @@ class TableBackend(ComputeBackend):
     def _exec_reduce(self, p: v.AxisProblem) -> None:
         """Run a validated reduction (``p.op`` is set)."""
 
-    def _exec_softmax(self, p: v.AxisProblem) -> None:
-        """Run a validated softmax (``p.op`` is None)."""
-        self._exec_unimplemented("softmax")
-
     @abc.abstractmethod
     def _exec_unary(self, p: v.ElementwiseProblem) -> None:
         """Run a validated unary op (``p.b`` is None)."""
@@ -240,216 +441,39 @@ class TableBackend(ComputeBackend):
     def _exec_binary(self, p: v.ElementwiseProblem) -> None:
         """Run a validated binary op."""
 
-    def _exec_gather(self, p: v.RowsProblem) -> None:
-        """Run a validated row gather."""
-        self._exec_unimplemented("gather")
+    def _exec_cast(self, p: v.CastProblem) -> None:
+        """Convert ``p.n`` elements from ``p.dtype`` to ``p.out_dtype`` (also widens 16-bit types)."""
+        raise UnsupportedError(f"cast is not implemented by the {self.name()} backend")
 
-    def _exec_scatter(self, p: v.RowsProblem) -> None:
-        """Run a validated row scatter (duplicates: the last occurrence wins)."""
-        self._exec_unimplemented("scatter")
+    # ------------------------------------------------------------------ public operations
+    # Generated from the contract's signatures: lease, validate, dispatch.
 
-    @guarded
-    def gemm(
-        self,
-        trans_a: Any,
-        trans_b: Any,
-        m: int,
-        n: int,
-        k: int,
-        alpha: float,
-        a_ptr: int,
-        lda: int,
-        b_ptr: int,
-        ldb: int,
-        beta: float,
-        c_ptr: int,
-        ldc: int,
-        *,
-        dtype: Any = "float64",
-    ) -> None:
-        table = self._memory()
-        self._exec_gemm(
-            v.gemm_problem(
-                table, trans_a, trans_b, m, n, k, alpha, a_ptr, lda, b_ptr, ldb, beta, c_ptr, ldc, dtype
-            )
-        )
+    gemm = _operation("gemm")
+    batched_gemm = _operation("batched_gemm")
+    gemm_mixed_precision = _operation("gemm_mixed_precision")
+    conv2d_forward = _operation("conv2d_forward")
+    conv2d_backward_data = _operation("conv2d_backward_data")
+    conv2d_backward_filter = _operation("conv2d_backward_filter")
+    pool2d = _operation("pool2d")
+    attention = _operation("attention")
+    reduce = _operation("reduce")
+    softmax = _operation("softmax")
+    layer_norm = _operation("layer_norm")
+    rms_norm = _operation("rms_norm")
+    batch_norm = _operation("batch_norm")
+    lrn = _operation("lrn")
+    unary = _operation("unary")
+    binary = _operation("binary")
+    broadcast_binary = _operation("broadcast_binary")
+    cast = _operation("cast")
+    copy_dtod = _operation("copy_dtod")
+    fill = _operation("fill")
+    copy_strided = _operation("copy_strided")
+    gather = _operation("gather")
+    scatter = _operation("scatter")
 
-    @guarded
-    def batched_gemm(
-        self,
-        trans_a: Any,
-        trans_b: Any,
-        m: int,
-        n: int,
-        k: int,
-        alpha: float,
-        a_ptr: int,
-        lda: int,
-        stride_a: int,
-        b_ptr: int,
-        ldb: int,
-        stride_b: int,
-        beta: float,
-        c_ptr: int,
-        ldc: int,
-        stride_c: int,
-        batch_count: int,
-        *,
-        dtype: Any = "float32",
-    ) -> None:
-        table = self._memory()
-        self._exec_batched_gemm(
-            v.batched_gemm_problem(
-                table, trans_a, trans_b, m, n, k, alpha, a_ptr, lda, stride_a, b_ptr, ldb, stride_b,
-                beta, c_ptr, ldc, stride_c, batch_count, dtype,
-            )
-        )  # fmt: skip
 
-    @guarded
-    def gemm_mixed_precision(
-        self,
-        prec: Any,
-        trans_a: Any,
-        trans_b: Any,
-        m: int,
-        n: int,
-        k: int,
-        alpha: float,
-        a_ptr: int,
-        lda: int,
-        b_ptr: int,
-        ldb: int,
-        beta: float,
-        c_ptr: int,
-        ldc: int,
-    ) -> None:
-        table = self._memory()
-        fmt = v.mixed_precision_format(prec)
-        p = v.gemm_problem(
-            table, trans_a, trans_b, m, n, k, alpha, a_ptr, lda, b_ptr, ldb, beta, c_ptr, ldc, "float32"
-        )
-        self._exec_gemm_mixed_precision(fmt, p)
-
-    @guarded
-    def conv2d_forward(
-        self,
-        input_ptr: int,
-        input_shape: Any,
-        filter_ptr: int,
-        filter_shape: Any,
-        output_ptr: int,
-        output_shape: Any,
-        stride: Any,
-        padding: Any,
-    ) -> None:
-        table = self._memory()
-        self._exec_conv2d_forward(
-            v.conv_problem(
-                table,
-                ("input_ptr", input_ptr, input_shape),
-                ("filter_ptr", filter_ptr, filter_shape),
-                ("output_ptr", output_ptr, output_shape),
-                stride,
-                padding,
-            )
-        )
-
-    @guarded
-    def conv2d_backward_data(
-        self,
-        grad_output_ptr: int,
-        grad_output_shape: Any,
-        filter_ptr: int,
-        filter_shape: Any,
-        grad_input_ptr: int,
-        grad_input_shape: Any,
-        stride: Any,
-        padding: Any,
-    ) -> None:
-        table = self._memory()
-        self._exec_conv2d_backward_data(
-            v.conv_problem(
-                table,
-                ("grad_input_ptr", grad_input_ptr, grad_input_shape),
-                ("filter_ptr", filter_ptr, filter_shape),
-                ("grad_output_ptr", grad_output_ptr, grad_output_shape),
-                stride,
-                padding,
-            )
-        )
-
-    @guarded
-    def conv2d_backward_filter(
-        self,
-        input_ptr: int,
-        input_shape: Any,
-        grad_output_ptr: int,
-        grad_output_shape: Any,
-        grad_filter_ptr: int,
-        grad_filter_shape: Any,
-        stride: Any,
-        padding: Any,
-    ) -> None:
-        table = self._memory()
-        self._exec_conv2d_backward_filter(
-            v.conv_problem(
-                table,
-                ("input_ptr", input_ptr, input_shape),
-                ("grad_filter_ptr", grad_filter_ptr, grad_filter_shape),
-                ("grad_output_ptr", grad_output_ptr, grad_output_shape),
-                stride,
-                padding,
-            )
-        )
-
-    @guarded
-    def attention(
-        self,
-        q_ptr: int,
-        k_ptr: int,
-        v_ptr: int,
-        o_ptr: int,
-        batch: int,
-        heads: int,
-        seq_q: int,
-        seq_kv: int,
-        head_dim: int,
-        scale: float,
-        causal: bool,
-    ) -> None:
-        table = self._memory()
-        self._exec_attention(
-            v.attention_problem(
-                table, q_ptr, k_ptr, v_ptr, o_ptr, batch, heads, seq_q, seq_kv, head_dim, scale, causal
-            )
-        )
-
-    @guarded
-    def reduce(self, op: Any, input_ptr: int, output_ptr: int, shape: Any, axis: int) -> None:
-        table = self._memory()
-        self._exec_reduce(v.axis_problem(table, op, input_ptr, output_ptr, shape, axis))
-
-    @guarded
-    def softmax(self, input_ptr: int, output_ptr: int, shape: Any, axis: int) -> None:
-        table = self._memory()
-        self._exec_softmax(v.axis_problem(table, None, input_ptr, output_ptr, shape, axis))
-
-    @guarded
-    def unary(self, op: Any, input_ptr: int, output_ptr: int, n: int) -> None:
-        table = self._memory()
-        self._exec_unary(v.unary_problem(table, op, input_ptr, output_ptr, n))
-
-    @guarded
-    def binary(self, op: Any, a_ptr: int, b_ptr: int, output_ptr: int, n: int) -> None:
-        table = self._memory()
-        self._exec_binary(v.binary_problem(table, op, a_ptr, b_ptr, output_ptr, n))
-
-    @guarded
-    def gather(self, input_ptr: int, indices: Any, output_ptr: int, rows: int, cols: int) -> None:
-        table = self._memory()
-        self._exec_gather(v.gather_problem(table, input_ptr, indices, output_ptr, rows, cols))
-
-    @guarded
-    def scatter(self, input_ptr: int, indices: Any, output_ptr: int, rows: int, cols: int) -> None:
-        table = self._memory()
-        self._exec_scatter(v.scatter_problem(table, input_ptr, indices, output_ptr, rows, cols))
+for _op in ALL_OPS:  # default hooks of the optional operations
+    if not hasattr(TableBackend, f"_exec_{_op}"):
+        setattr(TableBackend, f"_exec_{_op}", _unimplemented(_op))
+del _op

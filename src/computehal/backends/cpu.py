@@ -41,6 +41,7 @@ from ..types import (
 )
 from ._base import TableBackend
 from ._blas import gemm_at
+from ._common import refuse_extensions
 
 __all__ = ["CpuBackend"]
 
@@ -55,6 +56,10 @@ PARALLEL_THRESHOLD = 1 << 16
 BATCH_GRAIN_FLOPS = 1 << 21
 
 _OPS = frozenset(COMPUTE_OPS)
+_F32 = frozenset({"float32"})
+_F32_F64 = frozenset({"float32", "float64"})
+_FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
+_BYTES = frozenset({"uint8"})
 
 #: Element-wise and axis problems below this many elements stay on NumPy (no kernel dispatch).
 KERNEL_THRESHOLD = 1 << 12
@@ -237,7 +242,12 @@ class CpuBackend(TableBackend):
         return "cpu"
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(native_ops=_OPS)
+        return self._with_dtypes(Capabilities())
+
+    def _native_dtypes(self) -> dict[str, frozenset[str]]:
+        table = {op: _F32 for op in _OPS}
+        table.update(gemm=_F32_F64, batched_gemm=_F32_F64, copy_dtod=_BYTES, fill=_FLOATS)
+        return table
 
     def available_devices(self) -> list[DeviceInfo]:
         total, _ = _memory_bytes()
@@ -274,6 +284,13 @@ class CpuBackend(TableBackend):
 
     def _read(self, region: Region, out: memoryview) -> None:
         np.frombuffer(out, dtype=np.uint8)[:] = self._bytes(region)
+
+    def _exec_copy_dtod(self, p: v.CopyProblem) -> None:
+        self._bytes(p.dst)[:] = self._bytes(p.src)
+
+    def _exec_fill(self, p: v.FillProblem) -> None:
+        with np.errstate(over="ignore"):
+            self._bytes(p.region).view(p.dtype)[:] = np.asarray(p.value, dtype=np.float64).astype(p.dtype)
 
     # ------------------------------------------------------------------ views
 
@@ -358,7 +375,9 @@ class CpuBackend(TableBackend):
             run(0, p.batch_count)
         del keep_a, keep_b
 
-    def _exec_gemm_mixed_precision(self, fmt: MixedPrecision, p: v.GemmProblem) -> None:
+    def _exec_gemm_mixed_precision(self, p: v.GemmProblem) -> None:
+        fmt = p.prec
+        assert fmt is not None
         if p.empty or p.product_skipped:
             self._run_gemm(p, p.a.ptr, p.b.ptr, p.c.ptr)
             return
@@ -411,6 +430,7 @@ class CpuBackend(TableBackend):
         return cols.reshape(p.n, p.c * p.fh * p.fw, p.oh * p.ow)
 
     def _exec_conv2d_forward(self, p: v.ConvProblem) -> None:
+        refuse_extensions("cpu", "conv2d_forward", p)
         if p.empty_output:
             return
         y = self._array(p.y, (p.n, p.k, p.oh * p.ow))
@@ -439,6 +459,7 @@ class CpuBackend(TableBackend):
         return any(out.overlaps(region) for region in inputs)
 
     def _exec_conv2d_backward_data(self, p: v.ConvProblem) -> None:
+        refuse_extensions("cpu", "conv2d_backward_data", p)
         gx = self._array(p.x, (p.n, p.c, p.h, p.w))
         if gx.size == 0:
             return
@@ -474,6 +495,7 @@ class CpuBackend(TableBackend):
         gx[...] = gpad[:, :, p.ph : p.ph + p.h, p.pw : p.pw + p.w]
 
     def _exec_conv2d_backward_filter(self, p: v.ConvProblem) -> None:
+        refuse_extensions("cpu", "conv2d_backward_filter", p)
         gf = self._array(p.f, (p.k, p.c * p.fh * p.fw))
         if gf.size == 0:
             return
@@ -505,6 +527,7 @@ class CpuBackend(TableBackend):
     # ------------------------------------------------------------------ attention
 
     def _exec_attention(self, p: v.AttentionProblem) -> None:
+        refuse_extensions("cpu", "attention", p)
         bh = p.batch * p.heads
         q = self._array(p.q, (bh, p.seq_q, p.head_dim))
         k = self._array(p.k, (bh, p.seq_kv, p.head_dim))
@@ -660,6 +683,7 @@ class CpuBackend(TableBackend):
                     np.divide(out, np.float32(p.length), out=out)
 
     def _exec_softmax(self, p: v.AxisProblem) -> None:
+        refuse_extensions("cpu", "softmax", p)
         if p.outer * p.length * p.inner == 0:
             return
         x = self._array(p.input, (p.outer, p.length, p.inner))
@@ -775,6 +799,7 @@ class CpuBackend(TableBackend):
         _parallel_ranges(n, run)
 
     def _exec_unary(self, p: v.ElementwiseProblem) -> None:
+        refuse_extensions("cpu", "unary", p)
         assert isinstance(p.op, UnaryOp)
         kernel = None
         if p.op in _UNARY_KERNELS and p.n >= KERNEL_THRESHOLD and (kernels := _kernels()) is not None:
@@ -782,41 +807,48 @@ class CpuBackend(TableBackend):
         self._elementwise(p, _UNARY[p.op], block=AXIS_BLOCK if p.op is UnaryOp.SIGMOID else 0, kernel=kernel)
 
     def _exec_binary(self, p: v.ElementwiseProblem) -> None:
+        refuse_extensions("cpu", "binary", p)
         assert isinstance(p.op, BinaryOp)
         self._elementwise(p, _BINARY[p.op])
 
     # ------------------------------------------------------------------ gather / scatter
 
     def _exec_gather(self, p: v.RowsProblem) -> None:
-        if p.indices.size == 0 or p.cols == 0:
+        refuse_extensions("cpu", "gather", p)
+        indices = p.indices
+        assert indices is not None
+        if indices.size == 0 or p.cols == 0:
             return
         table = self._array(p.input, (p.rows, p.cols))
-        out = self._array(p.output, (p.indices.size, p.cols))
+        out = self._array(p.output, (indices.size, p.cols))
         if p.output.overlaps(p.input):
             table = table.copy()
 
         def run(start: int, stop: int) -> None:
             # The indices were validated; mode="clip" lets take() write straight into
             # `out` (mode="raise" buffers the whole result and copies it again).
-            np.take(table, p.indices[start:stop], axis=0, out=out[start:stop], mode="clip")
+            np.take(table, indices[start:stop], axis=0, out=out[start:stop], mode="clip")
 
-        _parallel_ranges(p.indices.size, run, grain=max(1, PARALLEL_THRESHOLD // p.cols))
+        _parallel_ranges(indices.size, run, grain=max(1, PARALLEL_THRESHOLD // p.cols))
 
     def _exec_scatter(self, p: v.RowsProblem) -> None:
-        if p.indices.size == 0 or p.cols == 0:
+        refuse_extensions("cpu", "scatter", p)
+        indices = p.indices
+        assert indices is not None
+        if indices.size == 0 or p.cols == 0:
             return
-        src = self._array(p.input, (p.indices.size, p.cols))
+        src = self._array(p.input, (indices.size, p.cols))
         out = self._array(p.output, (p.rows, p.cols))
         if p.output.overlaps(p.input):
             src = src.copy()
-        destinations, sources = v.last_occurrences(p.indices)
+        destinations, sources = v.last_occurrences(indices)
         grain = max(1, PARALLEL_THRESHOLD // p.cols)
-        if destinations.size == p.indices.size:
+        if destinations.size == indices.size:
             # Distinct rows: every source row lands once, in any order.
             def run_distinct(start: int, stop: int) -> None:
-                out[p.indices[start:stop]] = src[start:stop]
+                out[indices[start:stop]] = src[start:stop]
 
-            _parallel_ranges(p.indices.size, run_distinct, grain=grain)
+            _parallel_ranges(indices.size, run_distinct, grain=grain)
             return
         chunk = max(1, min(256, (1 << 16) // p.cols))
 

@@ -42,6 +42,7 @@ from ..types import (
     UnaryOp,
 )
 from ._base import TableBackend, guarded
+from ._common import UNARY_CODES, refuse_extensions
 
 __all__ = [
     "CudaBackend",
@@ -265,7 +266,10 @@ _ATTN_MAX_DIM = 6144
 
 @functools.cache
 def _elementwise_unit() -> KernelSource:
-    names = tuple(f"unary_{op.value}" for op in UnaryOp) + tuple(f"binary_{op.value}" for op in BinaryOp)
+    # The seed's ops (the extension ops' kernels are not written for CUDA yet).
+    names = tuple(
+        f"unary_{op.value}" for op in UnaryOp if UNARY_CODES[op] <= UNARY_CODES[UnaryOp.NEG]
+    ) + tuple(f"binary_{op.value}" for op in BinaryOp if op is not BinaryOp.POW)
     return _unit("elementwise.cl", {}, (*names, "fill_f32"))
 
 
@@ -518,7 +522,7 @@ class CudaBackend(TableBackend):
     """
 
     def __init__(self, device: int = 0) -> None:
-        super().__init__()
+        super().__init__(device)
         self._ordinal = as_count("device", device)
         self._cupy: Any = None
         self._cublas: Any = None
@@ -549,7 +553,21 @@ class CudaBackend(TableBackend):
 
     @guarded
     def capabilities(self) -> Capabilities:
-        return self._device_record().capabilities
+        return self._with_dtypes(self._device_record().capabilities)
+
+    def _native_dtypes(self) -> dict[str, frozenset[str]]:
+        table = {op: frozenset({"float32"}) for op in COMPUTE_OPS}
+        both = frozenset({"float32", "float64"})
+        table.update(
+            gemm=both, batched_gemm=both, copy_dtod=frozenset({"uint8"}), fill=frozenset({"float32"})
+        )
+        return table
+
+    def _exec_copy_dtod(self, p: v.CopyProblem) -> None:
+        self._copy_d2d(p.dst.ptr, p.src.ptr, p.nbytes)
+
+    def _exec_fill(self, p: v.FillProblem) -> None:
+        self._fill(p.region.ptr, p.count, p.value)
 
     @guarded
     def available_devices(self) -> list[DeviceInfo]:
@@ -738,7 +756,9 @@ class CudaBackend(TableBackend):
                     count,
                 )  # fmt: skip
 
-    def _exec_gemm_mixed_precision(self, fmt: MixedPrecision, p: v.GemmProblem) -> None:
+    def _exec_gemm_mixed_precision(self, p: v.GemmProblem) -> None:
+        fmt = p.prec
+        assert fmt is not None
         if p.empty:
             return
         if p.product_skipped:
@@ -885,6 +905,7 @@ class CudaBackend(TableBackend):
     # ------------------------------------------------------------------ convolution
 
     def _exec_conv2d_forward(self, p: v.ConvProblem) -> None:
+        refuse_extensions("cuda", "conv2d_forward", p)
         if p.empty_output:
             return
         crs, spatial = p.c * p.fh * p.fw, p.oh * p.ow
@@ -915,6 +936,7 @@ class CudaBackend(TableBackend):
                 )
 
     def _exec_conv2d_backward_data(self, p: v.ConvProblem) -> None:
+        refuse_extensions("cuda", "conv2d_backward_data", p)
         total = p.n * p.c * p.h * p.w
         if total == 0:
             return
@@ -941,6 +963,7 @@ class CudaBackend(TableBackend):
             self._launch(unit, "col2im", grid, (64,), args)
 
     def _exec_conv2d_backward_filter(self, p: v.ConvProblem) -> None:
+        refuse_extensions("cuda", "conv2d_backward_filter", p)
         crs, spatial = p.c * p.fh * p.fw, p.oh * p.ow
         total = p.k * crs
         if total == 0:
@@ -970,6 +993,7 @@ class CudaBackend(TableBackend):
     # ------------------------------------------------------------------ attention
 
     def _exec_attention(self, p: v.AttentionProblem) -> None:
+        refuse_extensions("cuda", "attention", p)
         _check_int32("seq_q", p.seq_q)
         _check_int32("seq_kv", p.seq_kv)
         if p.head_dim > _ATTN_MAX_DIM:
@@ -1018,6 +1042,7 @@ class CudaBackend(TableBackend):
             self._launch(_reduce_unit(), "reduce_cols", (-(-count // 128),), (128,), args)
 
     def _exec_softmax(self, p: v.AxisProblem) -> None:
+        refuse_extensions("cuda", "softmax", p)
         if p.outer * p.length * p.inner == 0:
             return
         keep: list[Any] = []
@@ -1033,6 +1058,7 @@ class CudaBackend(TableBackend):
     # ------------------------------------------------------------------ element-wise
 
     def _exec_unary(self, p: v.ElementwiseProblem) -> None:
+        refuse_extensions("cuda", "unary", p)
         if p.n == 0:
             return
         assert isinstance(p.op, UnaryOp)
@@ -1042,6 +1068,7 @@ class CudaBackend(TableBackend):
         self._launch(_elementwise_unit(), f"unary_{p.op.value}", (-(-p.n // 256),), (256,), args)
 
     def _exec_binary(self, p: v.ElementwiseProblem) -> None:
+        refuse_extensions("cuda", "binary", p)
         if p.n == 0:
             return
         assert isinstance(p.op, BinaryOp) and p.b is not None
@@ -1054,6 +1081,8 @@ class CudaBackend(TableBackend):
     # ------------------------------------------------------------------ gather / scatter
 
     def _exec_gather(self, p: v.RowsProblem) -> None:
+        refuse_extensions("cuda", "gather", p)
+        assert p.indices is not None
         count = int(p.indices.size)
         if count == 0 or p.cols == 0:
             return
@@ -1075,6 +1104,8 @@ class CudaBackend(TableBackend):
             self._launch(_gather_unit(), "gather_rows", (-(-p.cols // block), r1 - r0), (block,), args)
 
     def _exec_scatter(self, p: v.RowsProblem) -> None:
+        refuse_extensions("cuda", "scatter", p)
+        assert p.indices is not None
         if p.indices.size == 0 or p.cols == 0:
             return
         # Index bookkeeping on the host: each destination row once, with the last source naming it.

@@ -2,13 +2,15 @@
 
 Useful as a placeholder in registries and to test callers' error handling. It is
 always initialised, exposes no devices, and ``synchronize()`` returns at once
-(there is never anything to wait for).
+(there is never anything to wait for). Its refusing methods are generated from the
+contract's signatures (:mod:`computehal._generate`).
 """
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn
 
+from .._generate import method_from
 from ..backend import ComputeBackend
 from ..errors import UnsupportedError
 
@@ -19,9 +21,24 @@ def _refuse(operation: str) -> NoReturn:
     raise UnsupportedError(f"{operation} is not available on the null backend")
 
 
+def _refusing(method: str) -> Any:
+    """A method with the contract's signature that raises UnsupportedError naming it."""
+    return method_from(
+        getattr(ComputeBackend, method),
+        "_refuse({name!r})",
+        {"__name__": __name__, "_refuse": _refuse},
+        qualname=f"NullBackend.{method}",
+    )
+
+
 class NullBackend(ComputeBackend):
     """The backend that does nothing: every memory and compute operation raises
     :class:`~computehal.UnsupportedError` naming the operation."""
+
+    kind: ClassVar[str] = "null"
+
+    def __init__(self, device: int = 0) -> None:
+        self.device = device
 
     def name(self) -> str:
         return "null"
@@ -35,53 +52,33 @@ class NullBackend(ComputeBackend):
     def synchronize(self) -> None:
         """Nothing is ever pending."""
 
-    def alloc(self, bytes: int) -> int:
-        _refuse("alloc")
-
-    def free(self, ptr: int) -> None:
-        _refuse("free")
-
-    def copy_htod(self, dst: int, src: Any) -> None:
-        _refuse("copy_htod")
-
-    def copy_dtoh(self, dst: Any, src: int) -> None:
-        _refuse("copy_dtoh")
-
-    def gemm(self, *args: Any, **kwargs: Any) -> None:
-        _refuse("gemm")
-
-    def batched_gemm(self, *args: Any, **kwargs: Any) -> None:
-        _refuse("batched_gemm")
-
-    def gemm_mixed_precision(self, *args: Any, **kwargs: Any) -> None:
-        _refuse("gemm_mixed_precision")
-
-    def conv2d_forward(self, *args: Any, **kwargs: Any) -> None:
-        _refuse("conv2d_forward")
-
-    def conv2d_backward_data(self, *args: Any, **kwargs: Any) -> None:
-        _refuse("conv2d_backward_data")
-
-    def conv2d_backward_filter(self, *args: Any, **kwargs: Any) -> None:
-        _refuse("conv2d_backward_filter")
-
-    def attention(self, *args: Any, **kwargs: Any) -> None:
-        _refuse("attention")
-
-    def reduce(self, *args: Any, **kwargs: Any) -> None:
-        _refuse("reduce")
-
-    def softmax(self, *args: Any, **kwargs: Any) -> None:
-        _refuse("softmax")
-
-    def unary(self, *args: Any, **kwargs: Any) -> None:
-        _refuse("unary")
-
-    def binary(self, *args: Any, **kwargs: Any) -> None:
-        _refuse("binary")
-
-    def gather(self, *args: Any, **kwargs: Any) -> None:
-        _refuse("gather")
-
-    def scatter(self, *args: Any, **kwargs: Any) -> None:
-        _refuse("scatter")
+    # Every memory and compute method of the contract, generated:
+    alloc = _refusing("alloc")
+    free = _refusing("free")
+    copy_htod = _refusing("copy_htod")
+    copy_dtoh = _refusing("copy_dtoh")
+    copy_dtod = _refusing("copy_dtod")
+    fill = _refusing("fill")
+    allocation_of = _refusing("allocation_of")
+    borrow = _refusing("borrow")
+    gemm = _refusing("gemm")
+    batched_gemm = _refusing("batched_gemm")
+    gemm_mixed_precision = _refusing("gemm_mixed_precision")
+    conv2d_forward = _refusing("conv2d_forward")
+    conv2d_backward_data = _refusing("conv2d_backward_data")
+    conv2d_backward_filter = _refusing("conv2d_backward_filter")
+    pool2d = _refusing("pool2d")
+    attention = _refusing("attention")
+    reduce = _refusing("reduce")
+    softmax = _refusing("softmax")
+    layer_norm = _refusing("layer_norm")
+    rms_norm = _refusing("rms_norm")
+    batch_norm = _refusing("batch_norm")
+    lrn = _refusing("lrn")
+    unary = _refusing("unary")
+    binary = _refusing("binary")
+    broadcast_binary = _refusing("broadcast_binary")
+    cast = _refusing("cast")
+    copy_strided = _refusing("copy_strided")
+    gather = _refusing("gather")
+    scatter = _refusing("scatter")

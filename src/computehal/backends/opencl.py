@@ -44,6 +44,7 @@ from ..types import (
     UnaryOp,
 )
 from ._base import TableBackend, guarded
+from ._common import refuse_extensions
 
 __all__ = ["KERNEL_PROFILES", "OpenCLBackend", "kernel_source", "kernel_files", "list_devices"]
 
@@ -64,6 +65,7 @@ FAMILIES = {
 }
 
 _OPS = frozenset(COMPUTE_OPS)
+_F32 = frozenset({"float32"})
 
 #: GEMM micro-tile (see kernels/gemm_tile.h): VW-wide vectors, MR = 2 * VW rows, NR columns.
 _GEMM_TILE = {F32: (8, 6), F64: (4, 6)}
@@ -258,9 +260,9 @@ class OpenCLBackend(TableBackend):
         device_filter: str | Callable[[Any], bool] | None = None,
         kernel_profile: str | None = None,
     ) -> None:
-        super().__init__()
         if isinstance(device, bool) or not isinstance(device, int) or device < 0:
             raise InvalidArgumentError(f"device must be a non-negative integer ordinal, got {device!r}")
+        super().__init__(device)
         if kernel_profile is not None and kernel_profile not in KERNEL_PROFILES:
             raise InvalidArgumentError(
                 f"kernel_profile must be one of {KERNEL_PROFILES} or None, got {kernel_profile!r}"
@@ -308,10 +310,20 @@ class OpenCLBackend(TableBackend):
     def capabilities(self) -> Capabilities:
         if self._caps is None:
             try:
-                self._caps = _capabilities(self._selected())
+                self._caps = self._with_dtypes(_capabilities(self._selected()))
             except (DeviceError, cl.Error):
                 return Capabilities(supports_fp64=False, native_ops=_OPS)
         return self._caps
+
+    def _native_dtypes(self) -> dict[str, frozenset[str]]:
+        try:
+            fp64 = _capabilities(self._selected()).supports_fp64
+        except (DeviceError, cl.Error):
+            fp64 = False
+        table = {op: _F32 for op in _OPS}
+        gemm = _F32 | {"float64"} if fp64 else _F32
+        table.update(gemm=gemm, batched_gemm=gemm, copy_dtod=frozenset({"uint8"}), fill=_F32)
+        return table
 
     def available_devices(self) -> list[DeviceInfo]:
         infos = []
@@ -363,7 +375,7 @@ class OpenCLBackend(TableBackend):
         except cl.Error as exc:
             raise DeviceError(f"cannot open OpenCL device {dev.name.strip()!r}: {exc}") from exc
         self._device = dev
-        self._caps = _capabilities(dev)
+        self._caps = self._with_dtypes(_capabilities(dev))
         self._compute_units = max(1, int(dev.max_compute_units))
         self._max_alloc = int(dev.max_mem_alloc_size)
         self._total = int(dev.global_mem_size)
@@ -435,12 +447,22 @@ class OpenCLBackend(TableBackend):
         with self._lock:
             cl.enqueue_copy(self._queue, host, region.payload, src_offset=region.offset, is_blocking=True)
 
-    def close(self) -> None:
+    def _shutdown(self) -> None:
         with self._lock:
             if self._queue is not None:
                 self._queue.finish()
-            super().close()
             self._scratch.clear()
+
+    def _exec_copy_dtod(self, p: v.CopyProblem) -> None:
+        with self._lock:
+            cl.enqueue_copy(
+                self._queue, p.dst.payload, p.src.payload, byte_count=p.nbytes,
+                src_offset=p.src.offset, dst_offset=p.dst.offset,
+            )  # fmt: skip
+
+    def _exec_fill(self, p: v.FillProblem) -> None:
+        with self._lock:
+            self._fill(p.region, p.count, p.value)
 
     @guarded
     def synchronize(self) -> None:
@@ -750,9 +772,10 @@ class OpenCLBackend(TableBackend):
         with self._lock:
             self._gemm(p.gemm, p.batch_count, (p.stride_a, p.stride_b, p.stride_c), spans=(p.a, p.b, p.c))
 
-    def _exec_gemm_mixed_precision(self, fmt: MixedPrecision, p: v.GemmProblem) -> None:
+    def _exec_gemm_mixed_precision(self, p: v.GemmProblem) -> None:
+        assert p.prec is not None
         with self._lock:
-            self._gemm(p, mode=_ROUND_MODES[fmt])
+            self._gemm(p, mode=_ROUND_MODES[p.prec])
 
     # ------------------------------------------------------------------ convolution
 
@@ -771,6 +794,7 @@ class OpenCLBackend(TableBackend):
             yield start, min(total, start + step)
 
     def _exec_conv2d_forward(self, p: v.ConvProblem) -> None:
+        refuse_extensions("opencl", "conv2d_forward", p)
         if p.empty_output:
             return
         with self._lock:
@@ -819,6 +843,7 @@ class OpenCLBackend(TableBackend):
                 )
 
     def _exec_conv2d_backward_data(self, p: v.ConvProblem) -> None:
+        refuse_extensions("opencl", "conv2d_backward_data", p)
         total = p.n * p.c * p.h * p.w
         if total == 0:
             return
@@ -875,6 +900,7 @@ class OpenCLBackend(TableBackend):
                 )  # fmt: skip
 
     def _exec_conv2d_backward_filter(self, p: v.ConvProblem) -> None:
+        refuse_extensions("opencl", "conv2d_backward_filter", p)
         crs, spatial = p.c * p.fh * p.fw, p.oh * p.ow
         total = p.k * crs
         if total == 0:
@@ -913,6 +939,7 @@ class OpenCLBackend(TableBackend):
     # ------------------------------------------------------------------ attention
 
     def _exec_attention(self, p: v.AttentionProblem) -> None:
+        refuse_extensions("opencl", "attention", p)
         if p.seq_q > np.iinfo(np.int32).max or p.seq_kv > np.iinfo(np.int32).max:
             raise InvalidArgumentError("seq_q and seq_kv must fit in 32 bits")
         with self._lock:
@@ -991,6 +1018,7 @@ class OpenCLBackend(TableBackend):
                 )  # fmt: skip
 
     def _exec_softmax(self, p: v.AxisProblem) -> None:
+        refuse_extensions("opencl", "softmax", p)
         if p.outer * p.length * p.inner == 0:
             return
         with self._lock:
@@ -1017,6 +1045,7 @@ class OpenCLBackend(TableBackend):
         return min(1024 if n >= (1 << 18) else 16, self._max_wg)
 
     def _exec_unary(self, p: v.ElementwiseProblem) -> None:
+        refuse_extensions("opencl", "unary", p)
         if p.n == 0:
             return
         assert isinstance(p.op, UnaryOp)
@@ -1030,6 +1059,7 @@ class OpenCLBackend(TableBackend):
             )  # fmt: skip
 
     def _exec_binary(self, p: v.ElementwiseProblem) -> None:
+        refuse_extensions("opencl", "binary", p)
         if p.n == 0:
             return
         assert isinstance(p.op, BinaryOp) and p.b is not None
@@ -1050,6 +1080,8 @@ class OpenCLBackend(TableBackend):
         return lx, 1
 
     def _exec_gather(self, p: v.RowsProblem) -> None:
+        refuse_extensions("opencl", "gather", p)
+        assert p.indices is not None
         count = int(p.indices.size)
         if count == 0 or p.cols == 0:
             return
@@ -1064,6 +1096,8 @@ class OpenCLBackend(TableBackend):
             )  # fmt: skip
 
     def _exec_scatter(self, p: v.RowsProblem) -> None:
+        refuse_extensions("opencl", "scatter", p)
+        assert p.indices is not None
         if p.indices.size == 0 or p.cols == 0:
             return
         # Index bookkeeping on the host: each destination row once, with the last source naming it.

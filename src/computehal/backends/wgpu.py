@@ -52,6 +52,7 @@ from ..errors import DeviceError, InvalidArgumentError, OutOfMemoryError, Unsupp
 from ..memory import AddressSpace, Allocation, Region
 from ..types import BinaryOp, Capabilities, DeviceInfo, MemoryKind, MixedPrecision, ReduceOp, UnaryOp
 from ._base import TableBackend, guarded
+from ._common import refuse_extensions
 
 __all__ = ["WgpuBackend", "adapter_kind"]
 
@@ -305,7 +306,26 @@ class WgpuBackend(TableBackend):
 
     @guarded
     def capabilities(self) -> Capabilities:
-        return self._capabilities_of(self._pick_adapter())
+        return self._with_dtypes(self._capabilities_of(self._pick_adapter()))
+
+    def _native_dtypes(self) -> dict[str, frozenset[str]]:
+        table = {op: frozenset({"float32"}) for op in _OPS}
+        table.update(copy_dtod=frozenset({"uint8"}), fill=frozenset({"float32"}))
+        return table
+
+    def _dtype_note(self, dtype: str) -> str:
+        return ": WGSL has no float64 (use dtype='float32' or another backend)" if dtype == "float64" else ""
+
+    def _exec_copy_dtod(self, p: v.CopyProblem) -> None:
+        if (p.src.offset | p.dst.offset | p.nbytes) % 4:
+            raise UnsupportedError("copy_dtod of ranges not aligned to 4 bytes on the wgpu backend (yet)")
+        with self._lock:
+            self._run([], [_Copy(p.src.payload, p.src.offset, p.dst.payload, p.dst.offset, p.nbytes)])
+
+    def _exec_fill(self, p: v.FillProblem) -> None:
+        # Interim: the constant pattern is uploaded (no operand data is computed on the host).
+        pattern = np.full(p.count, p.value, dtype=np.float32)
+        self._write(p.region, memoryview(pattern.tobytes()))
 
     @guarded
     def available_devices(self) -> list[DeviceInfo]:
@@ -359,12 +379,10 @@ class WgpuBackend(TableBackend):
         )
         self._dummy = self._device.create_buffer(size=16, usage=usage.STORAGE, label="computehal-dummy")
 
-    def close(self) -> None:
-        """Finish pending work, free every live allocation and drop cached bind groups."""
+    def _shutdown(self) -> None:
+        """Finish pending work and drop cached bind groups (allocations are already freed)."""
         with self._lock:
-            if self._initialized:
-                self._flush()
-            super().close()
+            self._flush()
             self._bind_groups.clear()
 
     @guarded
@@ -712,7 +730,9 @@ class WgpuBackend(TableBackend):
         )
         self._run(steps, copies)
 
-    def _exec_gemm_mixed_precision(self, fmt: MixedPrecision, p: v.GemmProblem) -> None:
+    def _exec_gemm_mixed_precision(self, p: v.GemmProblem) -> None:
+        fmt = p.prec
+        assert fmt is not None
         if p.empty:
             return
         mode = 1 if fmt is MixedPrecision.F16 else 2
@@ -776,17 +796,20 @@ class WgpuBackend(TableBackend):
         self._run(steps, copies)
 
     def _exec_conv2d_forward(self, p: v.ConvProblem) -> None:
+        refuse_extensions("wgpu", "conv2d_forward", p)
         if p.empty_output:
             return
         self._conv("conv_forward", p, "y", p.n * p.k * p.oh * p.ow)
 
     def _exec_conv2d_backward_data(self, p: v.ConvProblem) -> None:
+        refuse_extensions("wgpu", "conv2d_backward_data", p)
         total = p.n * p.c * p.h * p.w
         if total == 0:
             return
         self._conv("conv_backward_data", p, "x", total)
 
     def _exec_conv2d_backward_filter(self, p: v.ConvProblem) -> None:
+        refuse_extensions("wgpu", "conv2d_backward_filter", p)
         total = p.k * p.c * p.fh * p.fw
         if total == 0:
             return
@@ -795,6 +818,7 @@ class WgpuBackend(TableBackend):
     # ------------------------------------------------------------------ attention
 
     def _exec_attention(self, p: v.AttentionProblem) -> None:
+        refuse_extensions("wgpu", "attention", p)
         heads = p.batch * p.heads
         bq, bk, bv = self._bind("q_ptr", p.q), self._bind("k_ptr", p.k), self._bind("v_ptr", p.v)
         bo, copies = self._output("o_ptr", p.o, p.q, p.k, p.v)
@@ -921,6 +945,7 @@ class WgpuBackend(TableBackend):
         self._axis_kernel(p, "reduce", _REDUCE_CODES[p.op])
 
     def _exec_softmax(self, p: v.AxisProblem) -> None:
+        refuse_extensions("wgpu", "softmax", p)
         if p.outer * p.length * p.inner == 0:
             return
         self._axis_kernel(p, "softmax", 0)
@@ -955,10 +980,12 @@ class WgpuBackend(TableBackend):
         self._run(steps, copies)
 
     def _exec_unary(self, p: v.ElementwiseProblem) -> None:
+        refuse_extensions("wgpu", "unary", p)
         assert isinstance(p.op, UnaryOp)
         self._elementwise(p, "unary", _UNARY_CODES[p.op])
 
     def _exec_binary(self, p: v.ElementwiseProblem) -> None:
+        refuse_extensions("wgpu", "binary", p)
         assert isinstance(p.op, BinaryOp)
         self._elementwise(p, "binary", _BINARY_CODES[p.op])
 
@@ -989,11 +1016,15 @@ class WgpuBackend(TableBackend):
             self._run([_Step(kernel, params, (src, idx, dst), _grid_1d(count * p.cols, 256))], copies)
 
     def _exec_gather(self, p: v.RowsProblem) -> None:
+        refuse_extensions("wgpu", "gather", p)
+        assert p.indices is not None
         if p.indices.size == 0 or p.cols == 0:
             return
         self._rows("gather", p, p.indices.astype(np.uint32), int(p.indices.size))
 
     def _exec_scatter(self, p: v.RowsProblem) -> None:
+        refuse_extensions("wgpu", "scatter", p)
+        assert p.indices is not None
         if p.indices.size == 0 or p.cols == 0:
             return
         destinations, sources = v.last_occurrences(p.indices)

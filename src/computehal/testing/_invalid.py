@@ -400,7 +400,7 @@ def _elementwise_spec(ws: Workspace, method: str) -> CallSpec:
             op="add", a_ptr=_f32(ws, n, "a"), b_ptr=_f32(ws, n, "b"), output_ptr=_f32(ws, n, "output"), n=n
         )
         pointers = {"a_ptr": (n * 4, 4), "b_ptr": (n * 4, 4), "output_ptr": (n * 4, 4)}
-        bad_op = "pow"
+        bad_op = "atan2"
     spec = CallSpec(method, names, values, pointers=pointers, counts=("n",), enums=("op",))
     spec.specific += [
         ("op-unknown", {"op": bad_op}, InvalidArgumentError),
