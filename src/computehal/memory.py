@@ -237,6 +237,8 @@ class PointerTable:
         self._release = release
         self._serials = itertools.count(1)
         self._leases = 0
+        self._waiting = 0
+        self._last: Allocation | None = None
         self._closed = False
         self._on_idle: list[Callable[[], None]] = []
 
@@ -311,11 +313,15 @@ class PointerTable:
     # ---------------------------------------------------------------- lookups
 
     def _find(self, address: int) -> Allocation | None:
+        last = self._last  # calls often reuse the allocation of the previous lookup
+        if last is not None and last.base <= address <= last.base + last.size and not last.freed:
+            return last
         i = bisect.bisect_right(self._bases, address) - 1
         if i < 0:
             return None
         allocation = self._by_base[self._bases[i]]
         if address <= allocation.end:
+            self._last = allocation
             return allocation
         return None
 
@@ -404,7 +410,7 @@ class PointerTable:
                     due.append(allocation)
             pinned.clear()
             self._leases -= 1
-            if self._leases == 0:
+            if self._leases == 0 and (self._waiting or self._on_idle):
                 callbacks, self._on_idle = self._on_idle, []
                 self._idle.notify_all()
         self._released(due)
@@ -464,8 +470,12 @@ class PointerTable:
             if self._leases and _holds_lease_here():
                 self._on_idle.append(shutdown)
                 return
-            while self._leases:
-                self._idle.wait()
+            self._waiting += 1
+            try:
+                while self._leases:
+                    self._idle.wait()
+            finally:
+                self._waiting -= 1
         shutdown()
 
     def reopen(self) -> None:

@@ -35,10 +35,12 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, ClassVar, ParamSpec, TypeVar
 
+import numpy as np
+
 from .. import validation as v
 from .._generate import method_from
 from ..backend import ALL_OPS, ComputeBackend
-from ..dtypes import F32
+from ..dtypes import F32, as_float_dtype
 from ..errors import (
     BackendError,
     DeviceError,
@@ -80,6 +82,10 @@ def guarded(method: Callable[P, R]) -> Callable[P, R]:
             raise DeviceError(f"{method.__name__} failed: {type(exc).__name__}: {exc}") from exc
 
     return wrapper
+
+
+def _as_dtype(name: str) -> np.dtype[Any]:
+    return np.dtype("uint8") if name == "uint8" else as_float_dtype(name)
 
 
 def _operation(op: str) -> Any:
@@ -128,7 +134,7 @@ class TableBackend(ComputeBackend):
         self._initialized = False
         self._lifecycle_lock = threading.Lock()
         self._dtype_cache: dict[str, frozenset[str]] | None = None
-        self._native_cache: dict[str, frozenset[str]] = {}
+        self._native_cache: dict[str, frozenset[np.dtype[Any]]] = {}
 
     # ------------------------------------------------------------------ hooks
 
@@ -196,7 +202,7 @@ class TableBackend(ComputeBackend):
                     _WIDENED if widen and op not in ("cast", "copy_dtod") and "float32" in names else set()
                 )
                 table[op] = names | extra
-            self._native_cache = native
+            self._native_cache = {op: frozenset(_as_dtype(n) for n in names) for op, names in native.items()}
             self._dtype_cache = table
         return self._dtype_cache
 
@@ -219,6 +225,7 @@ class TableBackend(ComputeBackend):
             except Exception as exc:
                 raise DeviceError(f"{self.name()} backend failed to initialise: {exc}") from exc
             self._dtype_cache = None
+            self.op_dtypes()
             self._table.reopen()
             self._initialized = True
 
@@ -338,36 +345,41 @@ class TableBackend(ComputeBackend):
         """Run a validated problem through the shared mechanisms and the backend's hook."""
         if p.empty:
             return
-        if self._dtype_cache is None:
-            self.op_dtypes()
         native = self._native_cache.get(op)
-        name = p.dtype.name
-        if native is None or name not in native:
-            if native is not None and name in _WIDENED and name in self.op_dtypes().get(op, ()):
-                self._widen_and_dispatch(op, p)
-                return
-            raise UnsupportedError(
-                f"{op} with dtype {name} on the {self.name()} backend{self._dtype_note(name)}"
-            )
+        if native is None or p.dtype not in native:
+            self._dispatch_widened(op, p)
+            return
         constant = p.constant_output()
         if constant is not None:
             region, value = constant
             self._exec_fill(v.FillProblem(region, region.nbytes // p.dtype.itemsize, value, p.dtype))
             return
-        if op in self.handles_aliasing:
-            getattr(self, "_exec_" + op)(p)
+        hook = getattr(self, "_exec_" + op)
+        if op in self.handles_aliasing or not p.overlapping():
+            hook(p)
             return
         with self._scratches() as held:
-            getattr(self, "_exec_" + op)(self._copy_inputs_aside(p, held))
+            hook(self._copy_inputs_aside(p, held))
+
+    def _dispatch_widened(self, op: str, p: v.Problem) -> None:
+        """A dtype the hook does not take: widen a 16-bit type to float32, or refuse."""
+        name = p.dtype.name
+        if self._dtype_cache is None:  # not loaded yet: load and try again
+            self.op_dtypes()
+            if op in self._native_cache:
+                self._dispatch(op, p)
+                return
+        if op in self._native_cache and name in _WIDENED and name in self.op_dtypes().get(op, ()):
+            self._widen_and_dispatch(op, p)
+            return
+        raise UnsupportedError(f"{op} with dtype {name} on the {self.name()} backend{self._dtype_note(name)}")
 
     def _copy_inputs_aside(self, p: v.Problem, held: list[Region]) -> v.Problem:
         """``p`` with every input that overlaps an output replaced by a device copy."""
-        outputs = [getattr(p, o.field) for o in p.OPERANDS if o.role is not v.Role.IN]
+        outputs = [getattr(p, name) for name in p.OUTPUTS]
         changes: dict[str, Region] = {}
-        for operand in p.OPERANDS:
-            if operand.role is not v.Role.IN:
-                continue
-            region = getattr(p, operand.field)
+        for name in p.INPUTS:
+            region = getattr(p, name)
             if region is None or not region.nbytes:
                 continue
             for out in outputs:
@@ -378,7 +390,7 @@ class TableBackend(ComputeBackend):
                 copy = self._scratch_range(region.nbytes)
                 held.append(copy)
                 self._exec_copy_dtod(v.CopyProblem(copy, region, region.nbytes))
-                changes[operand.field] = copy
+                changes[name] = copy
                 break
         return p.retyped(p.dtype, changes) if changes else p
 

@@ -84,6 +84,14 @@ class Problem:
 
     OPERANDS: ClassVar[tuple[Operand, ...]] = ()
     ALIAS_IDENTICAL_OK: ClassVar[bool] = False
+    #: Fields of the read-only operands and of the written ones (derived from OPERANDS).
+    INPUTS: ClassVar[tuple[str, ...]] = ()
+    OUTPUTS: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.INPUTS = tuple(o.field for o in cls.OPERANDS if o.role is Role.IN)
+        cls.OUTPUTS = tuple(o.field for o in cls.OPERANDS if o.role is not Role.IN)
 
     if TYPE_CHECKING:  # every subclass declares the field (a base field would come first)
 
@@ -94,11 +102,25 @@ class Problem:
     @property
     def empty(self) -> bool:
         """True when the operation writes nothing at all."""
-        return all(
-            getattr(self, op.field) is None or getattr(self, op.field).nbytes == 0
-            for op in self.OPERANDS
-            if op.role is not Role.IN
-        )
+        for name in self.OUTPUTS:
+            region = getattr(self, name)
+            if region is not None and region.nbytes:
+                return False
+        return True
+
+    def overlapping(self) -> bool:
+        """True when an input shares bytes with an output (other than an allowed identity)."""
+        for name in self.INPUTS:
+            region = getattr(self, name)
+            if region is None or not region.nbytes:
+                continue
+            for out_name in self.OUTPUTS:
+                out = getattr(self, out_name)
+                if out is None or out.allocation is not region.allocation or not region.overlaps(out):
+                    continue
+                if not (self.ALIAS_IDENTICAL_OK and region == out):
+                    return True
+        return False
 
     def constant_output(self) -> tuple[Region, float] | None:
         """(region, value) when the whole result is one value written everywhere, else None."""

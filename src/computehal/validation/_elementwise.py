@@ -49,6 +49,11 @@ class ElementwiseProblem(Problem):
     lo: float = -math.inf
     hi: float = math.inf
 
+    @property
+    def empty(self) -> bool:
+        """True when there are no elements."""
+        return self.n == 0
+
 
 def _param(op: UnaryOp, owner: UnaryOp, name: str, value: object, default: float) -> float:
     if value is None:
