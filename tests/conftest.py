@@ -1,7 +1,8 @@
-"""Shared test setup: the one table of backends that parametrises the whole suite.
+"""Shared test setup: the backend table parametrises the whole suite.
 
-A backend joins every backend-parametrised test by adding one line to
-``BACKEND_FACTORIES``. A backend whose factory (or ``init()``) raises ``ImportError``
+A backend joins every backend-parametrised test through its line in
+:data:`computehal.backends.BACKENDS` (the table the probe and the CLI read). A backend
+whose factory (or ``init()``) raises ``ImportError``
 or ``DeviceError`` is skipped with the reason, unless its name is listed in the
 comma-separated environment variable ``COMPUTEHAL_REQUIRE_BACKENDS``, in which case
 its tests fail instead.
@@ -9,34 +10,16 @@ its tests fail instead.
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 
 from computehal import ComputeBackend, DeviceError
+from computehal.backends import BACKENDS
 
-
-def lazy(module: str, cls: str, **kwargs: Any) -> Callable[[], ComputeBackend]:
-    """A factory that imports ``module`` only when called and constructs ``cls(**kwargs)``."""
-
-    def factory() -> ComputeBackend:
-        backend: ComputeBackend = getattr(importlib.import_module(module), cls)(**kwargs)
-        return backend
-
-    factory.__qualname__ = f"{cls}()"
-    return factory
-
-
-#: name -> factory of a fresh, uninitialised backend. One line per backend.
-BACKEND_FACTORIES: dict[str, Callable[[], ComputeBackend]] = {
-    "cpu": lazy("computehal.backends.cpu", "CpuBackend"),
-    "opencl": lazy("computehal.backends.opencl", "OpenCLBackend"),
-    "wgpu": lazy("computehal.backends.wgpu", "WgpuBackend"),
-    "cuda": lazy("computehal.backends.cuda", "CudaBackend"),
-}
+#: name -> factory of a fresh, uninitialised backend (on its default device), from the table.
+BACKEND_FACTORIES: dict[str, Callable[[], ComputeBackend]] = {spec.name: spec.create for spec in BACKENDS}
 
 #: Errors that mean "this backend cannot run on this machine" (skip, unless required).
 UNAVAILABLE = (ImportError, DeviceError)

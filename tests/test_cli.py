@@ -6,20 +6,20 @@ import json
 import subprocess
 import sys
 import types
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 import computehal.cli as cli
 import computehal.probe as probe_mod
+import computehal.selection as selection_mod
 from computehal import ComputeBackend
+from computehal.testing import CaseResult, ConformanceReport
 
 GPU_DEPENDENCIES = ("pyopencl", "wgpu", "cupy", "cupy_backends")
 GPU_MODULES = (
     "computehal.backends.opencl",
     "computehal.backends.wgpu",
-    "computehal.backends.wgpu_backend",
     "computehal.backends.cuda",
 )
 
@@ -27,7 +27,7 @@ GPU_MODULES = (
 @pytest.fixture(autouse=True)
 def fresh_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(probe_mod, "_cache", None)
-    monkeypatch.delenv(probe_mod.ENV_VAR, raising=False)
+    monkeypatch.delenv(selection_mod.ENV_VAR, raising=False)
 
 
 def hide_gpu_dependencies(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -97,20 +97,10 @@ def test_devices_json(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFix
 # ---------------------------------------------------------------------- check (with a stand-in kit)
 
 
-@dataclass
-class FakeCaseResult:
-    op: str
-    case: str
-    passed: bool
-    max_error: float
-    seconds: float
-    message: str = ""
-
-
-@dataclass
-class FakeReport:
-    passed: bool
-    results: list[FakeCaseResult]
+def FakeCaseResult(  # noqa: N802 - reads like the class it builds
+    op: str, case: str, passed: bool, max_error: float, seconds: float, message: str = ""
+) -> CaseResult:
+    return CaseResult(op, case, passed, max_error, seconds, message)
 
 
 def fake_kit(results: list[FakeCaseResult], calls: list[tuple[str, Any]]) -> types.SimpleNamespace:
@@ -118,14 +108,14 @@ def fake_kit(results: list[FakeCaseResult], calls: list[tuple[str, Any]]) -> typ
 
     def run_conformance(
         backend: ComputeBackend, ops: list[str] | None = None, progress: Any = None
-    ) -> FakeReport:
+    ) -> ConformanceReport:
         assert backend.is_initialized()
         calls.append((backend.name(), ops))
         chosen = [r for r in results if ops is None or r.op in ops]
         for result in chosen:
             if progress is not None:
                 progress(result)
-        return FakeReport(all(r.passed for r in chosen), chosen)
+        return ConformanceReport(backend.name(), chosen)
 
     return types.SimpleNamespace(run_conformance=run_conformance, OPS=("gemm", "softmax"))
 
@@ -165,7 +155,8 @@ def test_check_every_available_backend_by_default(
 ) -> None:
     hide_gpu_dependencies(monkeypatch)
     calls: list[tuple[str, Any]] = []
-    monkeypatch.setattr(cli, "_load_kit", lambda: fake_kit([], calls))
+    one = [FakeCaseResult("gemm", "nn", True, 0.0, 0.001)]
+    monkeypatch.setattr(cli, "_load_kit", lambda: fake_kit(one, calls))
     assert cli.main(["check", "-q"]) == 0
     assert calls == [("cpu", None)]
     assert capsys.readouterr().err == ""
@@ -230,7 +221,7 @@ def test_bench_missing_is_a_clear_error(
 ) -> None:
     monkeypatch.setitem(sys.modules, "computehal.bench", None)
     assert cli.main(["bench"]) == 2
-    assert "benchmark suite is not installed" in capsys.readouterr().err
+    assert "computehal bench: computehal.bench is not installed" in capsys.readouterr().err
 
 
 def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
@@ -298,9 +289,16 @@ def test_transformer_example_matches_numpy(
     np.testing.assert_allclose(got["hidden"], hidden, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(got["probabilities"], probs, rtol=1e-4, atol=1e-6)
     # The script itself, pinned to the CPU backend through COMPUTEHAL_BACKEND.
-    monkeypatch.setenv(probe_mod.ENV_VAR, "cpu")
+    monkeypatch.setenv(selection_mod.ENV_VAR, "cpu")
     assert example["main"]([]) == 0
     out = capsys.readouterr().out
     assert (
         "backend: cpu" in out and "cpu was set by COMPUTEHAL_BACKEND" in out and out.rstrip().endswith("OK")
     )
+
+
+def test_check_with_a_non_ascii_ordinal_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["check", "--backend", "cpu:²"]) == 2
+    captured = capsys.readouterr()
+    assert "computehal check: invalid argument: device ordinal in 'cpu:²'" in captured.err
+    assert "Traceback" not in captured.err + captured.out

@@ -3,7 +3,7 @@
 Machines with other backends are simulated: a missing dependency by making its import
 fail (``sys.modules[name] = None`` makes ``import name`` raise ImportError), a present
 GPU by fake backend classes (a CPU backend that reports itself as a GPU kind) placed
-in the probe's table of known backends.
+in the backend table, :data:`computehal.backends.BACKENDS`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import types
 import pytest
 
 import computehal
+import computehal.backends as backends_mod
 import computehal.probe as probe_mod
+import computehal.selection as selection_mod
 from computehal import (
     Capabilities,
     CpuBackend,
@@ -27,14 +29,15 @@ from computehal import (
     MemoryKind,
     UnsupportedError,
 )
-from computehal.probe import BackendSpec, create_backend, last_selection, parse_backend_name, probe
+from computehal.backends import BackendSpec
+from computehal.probe import probe
 from computehal.registry import BackendKind, SelectionRequest
+from computehal.selection import create_backend, last_selection, parse_backend_name
 
 GPU_DEPENDENCIES = ("pyopencl", "wgpu", "cupy", "cupy_backends")
 GPU_MODULES = (
     "computehal.backends.opencl",
     "computehal.backends.wgpu",
-    "computehal.backends.wgpu_backend",
     "computehal.backends.cuda",
 )
 FAKE_MODULE = "computehal_test_fake_backends"
@@ -44,8 +47,8 @@ FAKE_MODULE = "computehal_test_fake_backends"
 def fresh_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every test probes afresh and sees no COMPUTEHAL_BACKEND; the real cache is restored after."""
     monkeypatch.setattr(probe_mod, "_cache", None)
-    monkeypatch.setattr(probe_mod, "_last", None)
-    monkeypatch.delenv(probe_mod.ENV_VAR, raising=False)
+    monkeypatch.setattr(selection_mod, "_last", None)
+    monkeypatch.delenv(selection_mod.ENV_VAR, raising=False)
 
 
 def hide_gpu_dependencies(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -63,7 +66,7 @@ def hide_gpu_dependencies(monkeypatch: pytest.MonkeyPatch) -> None:
 class FakeGpuBackend(ForwardingBackend):
     """The CPU backend wearing a GPU kind's name, with two fake devices."""
 
-    kind_name = "opencl"
+    kind = "opencl"
     fail_init = False
     constructed: list[int] = []
 
@@ -73,7 +76,7 @@ class FakeGpuBackend(ForwardingBackend):
         type(self).constructed.append(device)
 
     def name(self) -> str:
-        return self.kind_name
+        return self.kind
 
     def init(self) -> None:
         if self.fail_init:
@@ -86,18 +89,18 @@ class FakeGpuBackend(ForwardingBackend):
     def available_devices(self) -> list[DeviceInfo]:
         caps = self.capabilities()
         return [
-            DeviceInfo(i, f"fake {self.kind_name} device {i}", (8, 0), 1 << 30, MemoryKind.DEVICE, caps)
+            DeviceInfo(i, f"fake {self.kind} device {i}", (8, 0), 1 << 30, MemoryKind.DEVICE, caps)
             for i in range(2)
         ]
 
 
 class FakeOpenCL(FakeGpuBackend):
-    kind_name = "opencl"
+    kind = "opencl"
     constructed: list[int] = []
 
 
 class FakeCuda(FakeGpuBackend):
-    kind_name = "cuda"
+    kind = "cuda"
     constructed: list[int] = []
 
 
@@ -106,25 +109,25 @@ class BrokenCuda(FakeCuda):
 
 
 class DevicelessVulkan(FakeGpuBackend):
-    kind_name = "vulkan"
+    kind = "vulkan"
 
     def available_devices(self) -> list[DeviceInfo]:
         return []
 
 
 def install_fakes(monkeypatch: pytest.MonkeyPatch, *classes: type[FakeGpuBackend]) -> None:
-    """Replace the probe's table: the given fakes plus the real CPU backend."""
+    """Replace the backend table: the given fakes plus the real CPU backend."""
     module = types.ModuleType(FAKE_MODULE)
     specs = []
     for cls in classes:
         setattr(module, cls.__name__, cls)
         cls.constructed = []
-        kind = BackendKind.from_name(cls.kind_name)
+        kind = BackendKind.from_name(cls.kind)
         assert kind is not None
-        specs.append(BackendSpec((kind,), (FAKE_MODULE,), cls.__name__))
+        specs.append(BackendSpec(cls.__name__.lower(), FAKE_MODULE, cls.__name__, (kind,)))
     monkeypatch.setitem(sys.modules, FAKE_MODULE, module)
-    specs.append(BackendSpec((BackendKind.CPU,), ("computehal.backends.cpu",), "CpuBackend"))
-    monkeypatch.setattr(probe_mod, "KNOWN_BACKENDS", tuple(specs))
+    specs.append(BackendSpec("cpu", "computehal.backends.cpu", "CpuBackend", (BackendKind.CPU,)))
+    monkeypatch.setattr(backends_mod, "BACKENDS", tuple(specs))
 
 
 # ---------------------------------------------------------------------- import stays cheap
@@ -364,12 +367,12 @@ def test_environment_override_with_missing_dependency(monkeypatch: pytest.Monkey
 def test_start_backend_is_exact(monkeypatch: pytest.MonkeyPatch) -> None:
     install_fakes(monkeypatch, FakeOpenCL)
     monkeypatch.setenv("COMPUTEHAL_BACKEND", "cpu")  # start_backend ignores the override
-    assert isinstance(probe_mod.start_backend("opencl:1"), FakeOpenCL)
+    assert isinstance(selection_mod.start_backend("opencl:1"), FakeOpenCL)
     assert FakeOpenCL.constructed[-1] == 1
     with pytest.raises(UnsupportedError, match="unavailable"):
-        probe_mod.start_backend("cuda")
+        selection_mod.start_backend("cuda")
     with pytest.raises(UnsupportedError, match="no device 5"):
-        probe_mod.start_backend("opencl:5")
+        selection_mod.start_backend("opencl:5")
 
 
 def test_selection_summary_lists_skips(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -383,7 +386,7 @@ def test_selection_summary_lists_skips(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 class FakeWgpu(FakeGpuBackend):
-    kind_name = "vulkan"
+    kind = "vulkan"
     constructed: list[int] = []
 
 
@@ -393,11 +396,11 @@ def test_multi_kind_backend_and_the_generic_wgpu_name(monkeypatch: pytest.Monkey
     monkeypatch.setitem(sys.modules, FAKE_MODULE, module)
     kinds = (BackendKind.METAL, BackendKind.VULKAN, BackendKind.WEBGPU)
     monkeypatch.setattr(
-        probe_mod,
-        "KNOWN_BACKENDS",
+        backends_mod,
+        "BACKENDS",
         (
-            BackendSpec(kinds, ("computehal_test_no_such_module", FAKE_MODULE), "FakeWgpu"),
-            BackendSpec((BackendKind.CPU,), ("computehal.backends.cpu",), "CpuBackend"),
+            BackendSpec("wgpu", FAKE_MODULE, "FakeWgpu", kinds),
+            BackendSpec("cpu", "computehal.backends.cpu", "CpuBackend", (BackendKind.CPU,)),
         ),
     )
     report = probe(refresh=True)
@@ -410,7 +413,7 @@ def test_multi_kind_backend_and_the_generic_wgpu_name(monkeypatch: pytest.Monkey
     assert isinstance(create_backend("wgpu", strict=True), FakeWgpu)
     selection = last_selection()
     assert selection is not None and selection.kind is BackendKind.VULKAN and not selection.fell_back
-    assert isinstance(probe_mod.start_backend("webgpu:1"), FakeWgpu) and FakeWgpu.constructed[-1] == 1
+    assert isinstance(selection_mod.start_backend("webgpu:1"), FakeWgpu) and FakeWgpu.constructed[-1] == 1
     # ... but "metal" means Metal.
     with pytest.raises(UnsupportedError, match="runs as vulkan"):
         create_backend("metal", strict=True)
@@ -429,5 +432,62 @@ def test_backends_whose_only_device_is_the_host_cpu_rank_below_the_cpu_backend()
     assert software_cl.priority < cpu.priority < real_vk.priority
     registry = ProbeReport((software_cl, cpu)).registry()
     assert registry.select_best() is BackendKind.CPU
-    assert registry.fallback_chain() == [BackendKind.OPENCL, BackendKind.CPU]
+    assert registry.fallback_chain() == [BackendKind.CPU, BackendKind.OPENCL]
     assert ProbeReport((real_vk, software_cl, cpu)).registry().select_best() is BackendKind.VULKAN
+
+
+# ---------------------------------------------------------------------- regressions (hostile use)
+
+
+def _host_cpu_machine() -> probe_mod.ProbeReport:
+    """A machine like this one: no CUDA; PoCL and lavapipe, whose only device is the host CPU."""
+    host = DeviceInfo(0, "host cpu", memory_kind=MemoryKind.HOST)
+    caps = Capabilities()
+    return probe_mod.ProbeReport(
+        (
+            probe_mod.ProbeEntry(BackendKind.CUDA, False, reason="no CUDA driver"),
+            probe_mod.ProbeEntry(BackendKind.OPENCL, True, devices=(host,), capabilities=caps),
+            probe_mod.ProbeEntry(BackendKind.VULKAN, True, devices=(host,), capabilities=caps),
+            probe_mod.ProbeEntry(BackendKind.CPU, True, devices=(host,), capabilities=caps),
+        )
+    )
+
+
+@pytest.mark.parametrize("name", ["cuda", "cuda:1"])
+def test_unavailable_named_backend_falls_back_to_what_auto_chooses(
+    name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    report = _host_cpu_machine()
+    assert report.registry().select_best() is BackendKind.CPU  # what auto() chooses here
+    with caplog.at_level(logging.INFO, logger="computehal"):
+        backend = computehal.create_backend(name, report=report)
+    try:
+        assert isinstance(backend, CpuBackend), backend  # not PoCL / lavapipe
+    finally:
+        backend.close()
+    assert any(r.levelno == logging.WARNING and "no CUDA driver" in r.message for r in caplog.records)
+
+
+def test_environment_names_an_unavailable_backend_falls_back_to_the_cpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(probe_mod, "_cache", _host_cpu_machine())
+    monkeypatch.setenv("COMPUTEHAL_BACKEND", "cuda")
+    backend = computehal.auto()
+    try:
+        assert isinstance(backend, CpuBackend), backend
+        a = backend.alloc(8)  # float64 work runs, as it does under auto()
+        backend.free(a)
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize("value", ["cpu:²", "cpu:١", "cpu:0x1", "cpu:+1"])
+def test_environment_with_a_non_ascii_ordinal_is_a_clean_error(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("COMPUTEHAL_BACKEND", value)
+    with pytest.raises(InvalidArgumentError, match="COMPUTEHAL_BACKEND"):
+        computehal.auto()
+    with pytest.raises(InvalidArgumentError):
+        computehal.create_backend(value)

@@ -276,24 +276,60 @@ def test_empty_registry_select_raises_and_chain_is_cpu() -> None:
     assert registry.route(OpClass.MATMUL) is BackendKind.CPU
 
 
-def test_fallback_chain_priority_order_cpu_last() -> None:
+def test_fallback_chain_is_the_priority_order_with_the_cpu_as_last_resort() -> None:
     registry = registry_of(
-        BackendEntry(BackendKind.CPU, True).with_priority(10_000),
+        BackendEntry(BackendKind.CPU, True).with_priority(65),
         BackendEntry(BackendKind.VULKAN, True),
         BackendEntry(BackendKind.CUDA, True),
         BackendEntry(BackendKind.OPENCL, False),
         BackendEntry(BackendKind.METAL, True),
     )
+    # auto()'s order: the CPU at its own priority.
+    assert registry.fallback_chain() == [
+        BackendKind.CUDA,
+        BackendKind.METAL,
+        BackendKind.CPU,
+        BackendKind.VULKAN,
+    ]
+    assert registry.select_best() is BackendKind.CUDA
+    # An unavailable or unregistered CPU ends the chain: it is the last resort.
+    registry.set_available(BackendKind.CPU, False)
     assert registry.fallback_chain() == [
         BackendKind.CUDA,
         BackendKind.METAL,
         BackendKind.VULKAN,
         BackendKind.CPU,
     ]
-    # Even an unavailable or unregistered CPU ends the chain: it is the last resort.
-    registry.set_available(BackendKind.CPU, False)
-    assert registry.fallback_chain()[-1] is BackendKind.CPU
     assert registry.fallback_chain().count(BackendKind.CPU) == 1
+
+
+def test_backends_ranked_below_the_cpu_come_after_it_in_the_chain() -> None:
+    # PoCL / lavapipe on the host are ranked below the CPU backend (priority 0): a fallback
+    # must land where auto() would, on the CPU, not on them.
+    registry = registry_of(
+        BackendEntry(BackendKind.OPENCL, True, priority=0),
+        BackendEntry(BackendKind.VULKAN, True, priority=0),
+        BackendEntry(BackendKind.CUDA, False),
+        BackendEntry(BackendKind.CPU, True),
+    )
+    assert registry.fallback_chain() == [BackendKind.CPU, BackendKind.OPENCL, BackendKind.VULKAN]
+    assert registry.select_best() is BackendKind.CPU is registry.fallback_chain()[0]
+    assert registry.route(OpClass.ELEMENTWISE) is BackendKind.CPU
+
+
+def test_candidates_split_qualifying_and_rejected_with_reasons() -> None:
+    registry = registry_of(
+        BackendEntry(BackendKind.CPU, True),
+        BackendEntry(BackendKind.OPENCL, True).with_capabilities(GPU_CAPS),
+        BackendEntry(BackendKind.CUDA, False).with_capabilities(TENSOR_CAPS),
+    )
+    qualifying, rejected = registry.candidates(SelectionRequest(require_fp16=True))
+    assert qualifying == [BackendKind.OPENCL]
+    assert dict(rejected) == {BackendKind.CUDA: ["unavailable"], BackendKind.CPU: ["no fp16"]}
+    qualifying, rejected = registry.candidates()
+    assert qualifying == [BackendKind.OPENCL, BackendKind.CPU] and [k for k, _ in rejected] == [
+        BackendKind.CUDA
+    ]
 
 
 # ---------------------------------------------------------------------- routing

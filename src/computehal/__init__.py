@@ -39,9 +39,10 @@ if TYPE_CHECKING:
     from .backends.cpu import CpuBackend
     from .backends.null import NullBackend
     from .dlpack import from_dlpack
-    from .probe import ProbeReport, Selection, auto, create_backend, last_selection
+    from .probe import ProbeReport
     from .probe import probe as probe_backends
     from .registry import BackendEntry, BackendKind, BackendRegistry, SelectionRequest
+    from .selection import Selection, auto, create_backend, last_selection
 
 __version__ = "0.1.0"
 
@@ -100,12 +101,12 @@ _LAZY = {
     "BackendEntry": ("computehal.registry", "BackendEntry"),
     "BackendRegistry": ("computehal.registry", "BackendRegistry"),
     "ProbeReport": ("computehal.probe", "ProbeReport"),
-    "Selection": ("computehal.probe", "Selection"),
+    "Selection": ("computehal.selection", "Selection"),
     # The module computehal.probe shadows the name "probe"; its function is exported as probe_backends.
     "probe_backends": ("computehal.probe", "probe"),
-    "create_backend": ("computehal.probe", "create_backend"),
-    "auto": ("computehal.probe", "auto"),
-    "last_selection": ("computehal.probe", "last_selection"),
+    "create_backend": ("computehal.selection", "create_backend"),
+    "auto": ("computehal.selection", "auto"),
+    "last_selection": ("computehal.selection", "last_selection"),
     "DeviceArray": ("computehal.array", "DeviceArray"),
     "asarray": ("computehal.array", "asarray"),
     "to_device": ("computehal.array", "to_device"),

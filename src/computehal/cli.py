@@ -1,4 +1,4 @@
-"""The ``computehal`` command: list backends, certify them, benchmark the CPU backend.
+"""The ``computehal`` command: list backends, certify them, benchmark them.
 
 Subcommands
 -----------
@@ -11,7 +11,8 @@ Subcommands
     stderr; prints a table per backend with one row per operation (pass / fail,
     largest error, time) and the failing cases; exits 1 on any failure.
 ``computehal bench [...]``
-    The CPU benchmark suite, :func:`computehal.bench.main` (its own ``--help``).
+    The benchmark harness, :func:`computehal.bench.main` (its own ``--help``). Such
+    delegated subcommands are listed in :data:`DELEGATED`.
 
 Exit status: 0 success, 1 a check failed or a named backend cannot run, 2 usage error.
 """
@@ -26,14 +27,14 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from . import __version__
 from .backend import ComputeBackend
 from .errors import BackendError
-from .probe import ENV_VAR, ProbeEntry, ProbeReport, parse_backend_name, probe, start_backend
+from .probe import ProbeEntry, ProbeReport, probe
 from .registry import BackendKind
+from .selection import ENV_VAR, parse_backend_name, start_backend
 from .types import Capabilities, DeviceInfo
 
 __all__ = ["main", "build_parser", "format_table"]
@@ -116,14 +117,6 @@ def _device_line(device: DeviceInfo) -> str:
 # ---------------------------------------------------------------------- devices
 
 
-def _auto_order(report: ProbeReport) -> list[BackendKind]:
-    """The backends :func:`computehal.auto` tries, in order (the CPU always among them)."""
-    order = report.available_kinds()
-    if BackendKind.CPU not in order:
-        order.append(BackendKind.CPU)
-    return order
-
-
 def _devices(args: argparse.Namespace, out: TextIO) -> int:
     report = probe(refresh=args.refresh)
     if args.json:
@@ -148,7 +141,7 @@ def _devices(args: argparse.Namespace, out: TextIO) -> int:
                 out.write(f"    capabilities: {describe_capabilities(device.capabilities)}\n")
         if entry.capabilities is not None:
             out.write(f"  capabilities: {describe_capabilities(entry.capabilities)}\n")
-    order = _auto_order(report)
+    order = report.registry().fallback_chain()
     out.write(f"\nauto() would choose: {order[0].value}; it tries, in order: ")
     out.write(" -> ".join(kind.value for kind in order) + "\n")
     override = os.environ.get(ENV_VAR, "").strip()
@@ -187,26 +180,16 @@ def _report_json(report: ProbeReport) -> dict[str, Any]:
             "capabilities": caps(e.capabilities),
         }
 
-    registry = report.registry()
+    chain = [kind.value for kind in report.registry().fallback_chain()]
     return {
         "backends": [entry(e) for e in report.entries],
-        "auto": registry.select_best().value,
-        "fallback_chain": [kind.value for kind in registry.fallback_chain()],
-        "auto_order": [kind.value for kind in _auto_order(report)],
+        "auto": chain[0],
+        "fallback_chain": chain,
+        "auto_order": chain,
     }
 
 
 # ---------------------------------------------------------------------- check
-
-
-@dataclass
-class _OpSummary:
-    op: str
-    cases: int = 0
-    failed: int = 0
-    max_error: float = 0.0
-    seconds: float = 0.0
-    failures: list[tuple[str, str]] = field(default_factory=list)
 
 
 class _Progress:
@@ -320,50 +303,36 @@ def _check_one(
     finally:
         progress.finish()
     elapsed = time.perf_counter() - started
-    summaries: dict[str, _OpSummary] = {}
-    for case in result.results:
-        summary = summaries.setdefault(case.op, _OpSummary(case.op))
-        summary.cases += 1
-        summary.seconds += float(case.seconds or 0.0)
-        error = float(case.max_error) if case.max_error is not None else 0.0
-        if error == error:  # ignore NaN in the maximum; a NaN result fails its case anyway
-            summary.max_error = max(summary.max_error, error)
-        if not case.passed:
-            summary.failed += 1
-            summary.failures.append((case.case, case.message or ""))
+    summaries = result.by_op()
     rows = [
         (
             s.op,
             s.cases,
-            "PASS" if s.failed == 0 else f"FAIL ({s.failed})",
+            "PASS" if s.passed else f"FAIL ({s.failed})",
             f"{s.max_error:.3g}",
             f"{s.seconds:.2f}",
         )
-        for s in summaries.values()
+        for s in summaries
     ]
     out.write(format_table(("OP", "CASES", "RESULT", "MAX ERROR", "TIME (s)"), rows, indent="   ") + "\n")
     if args.verbose_cases:
-        for s in summaries.values():
+        for s in summaries:
             case_rows = [
-                (
-                    c.case,
-                    "pass" if c.passed else "FAIL",
-                    f"{float(c.max_error or 0.0):.3g}",
-                    f"{float(c.seconds or 0.0) * 1e3:.2f}",
-                )
+                (c.case, "pass" if c.passed else "FAIL", f"{c.max_error:.3g}", f"{c.seconds * 1e3:.2f}")
                 for c in result.results
                 if c.op == s.op
             ]
             out.write(f"\n   {s.op}\n")
             headers = ("CASE", "RESULT", "MAX ERROR", "TIME (ms)")
             out.write(format_table(headers, case_rows, indent="   ") + "\n")
-    failures = [(s.op, case, message) for s in summaries.values() for case, message in s.failures]
-    for op, case, message in failures:
-        out.write(f"   FAIL {op} / {case}: {message}\n")
-    count = sum(s.cases for s in summaries.values())
-    passed = bool(result.passed) and not failures
+    for case in result.failures:
+        out.write(f"   FAIL {case.op} / {case.case}: {case.message}\n")
+    count = len(result.results)
+    passed = bool(result.passed)
     verdict = "passed" if passed else "FAILED"
-    out.write(f"   {label}: {count - len(failures)}/{count} cases passed in {elapsed:.1f} s - {verdict}\n")
+    out.write(
+        f"   {label}: {count - len(result.failures)}/{count} cases passed in {elapsed:.1f} s - {verdict}\n"
+    )
     out.flush()
     return passed
 
@@ -382,18 +351,26 @@ def _split(values: list[str] | None) -> list[str] | None:
     return names or None
 
 
-# ---------------------------------------------------------------------- bench
+# ---------------------------------------------------------------------- delegated subcommands
+
+#: Subcommands that belong to another package: name -> (module with ``main(argv) -> int``,
+#: help line). Everything after the name goes to that module's own parser. Adding one
+#: is one line here.
+DELEGATED: dict[str, tuple[str, str]] = {
+    "bench": ("computehal.bench", "benchmark a backend (computehal bench --help)"),
+}
 
 
-def _bench(argv: list[str], err: TextIO) -> int:
+def _delegate(command: str, argv: list[str], err: TextIO) -> int:
+    module_name, _ = DELEGATED[command]
     try:
-        module = importlib.import_module("computehal.bench")
+        module = importlib.import_module(module_name)
     except ImportError as exc:
-        err.write(f"computehal bench: the benchmark suite is not installed ({exc})\n")
+        err.write(f"computehal {command}: {module_name} is not installed ({exc})\n")
         return 2
     runner = getattr(module, "main", None)
     if not callable(runner):
-        err.write("computehal bench: computehal.bench has no main(argv)\n")
+        err.write(f"computehal {command}: {module_name} has no main(argv)\n")
         return 2
     return int(runner(argv) or 0)
 
@@ -424,7 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     check.add_argument("--refresh", action="store_true", help=argparse.SUPPRESS)
 
-    commands.add_parser("bench", help="benchmark the CPU backend (computehal bench --help)", add_help=False)
+    for command, (_, text) in DELEGATED.items():
+        commands.add_parser(command, help=text, add_help=False)
     return parser
 
 
@@ -433,10 +411,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     out, err = sys.stdout, sys.stderr
     index = _command_index(args_list)
-    if index < len(args_list) and args_list[index] == "bench":
-        # Everything after "bench" belongs to the benchmark suite's own parser.
+    if index < len(args_list) and args_list[index] in DELEGATED:
+        # Everything after the subcommand belongs to its own parser.
         _configure_logging(any(flag in ("-v", "--verbose") for flag in args_list[:index]))
-        return _bench(args_list[index + 1 :], err)
+        return _delegate(args_list[index], args_list[index + 1 :], err)
     parser = build_parser()
     args = parser.parse_args(args_list)
     _configure_logging(args.verbose)

@@ -13,8 +13,12 @@ Selection rules
   candidates to one kind. When nothing qualifies it raises
   :class:`~computehal.UnsupportedError` stating what was asked and why each
   registered backend did not qualify.
-* :meth:`BackendRegistry.fallback_chain` lists the available kinds by priority with
-  the CPU always last (the CPU is the fallback of every chain).
+* :meth:`BackendRegistry.candidates` sorts the entries into those that qualify for a
+  request (in the order they are tried) and those that do not, with the reasons;
+  ``select`` is its first answer.
+* :meth:`BackendRegistry.fallback_chain` is the one order every fallback follows:
+  the available kinds by priority (the CPU at its own), with the CPU added last when
+  it is not available (it is the fallback of last resort).
 * :meth:`BackendRegistry.route` sends matmul, convolution and attention to a
   tensor-core backend when one is available, everything else to the best backend.
 """
@@ -318,6 +322,38 @@ class BackendRegistry:
 
     # ------------------------------------------------------------------ selection
 
+    def candidates(
+        self, request: SelectionRequest | None = None
+    ) -> tuple[list[BackendKind], list[tuple[BackendKind, list[str]]]]:
+        """Every registered kind sorted into those that qualify for ``request`` and those that do not.
+
+        Parameters
+        ----------
+        request : SelectionRequest, optional
+            Defaults to no requirement.
+
+        Returns
+        -------
+        qualifying : list of BackendKind
+            The available kinds meeting every requirement, highest priority first: the
+            order in which :func:`computehal.create_backend` tries them.
+        rejected : list of (BackendKind, list of str)
+            Every other registered kind, by priority, with the phrases of
+            :meth:`SelectionRequest.unmet` (``"unavailable"`` first when it is).
+        """
+        wanted = request if request is not None else SelectionRequest()
+        qualifying: list[BackendKind] = []
+        rejected: list[tuple[BackendKind, list[str]]] = []
+        for entry in self._ranked():
+            missing = wanted.unmet(entry.kind, entry.capabilities)
+            if not entry.available:
+                missing.insert(0, "unavailable")
+            if missing:
+                rejected.append((entry.kind, missing))
+            else:
+                qualifying.append(entry.kind)
+        return qualifying, rejected
+
     def select(self, request: SelectionRequest | None = None) -> BackendKind:
         """The highest-priority available kind that meets every requirement of ``request``.
 
@@ -329,6 +365,7 @@ class BackendRegistry:
         Returns
         -------
         BackendKind
+            The first of :meth:`candidates`.
 
         Raises
         ------
@@ -336,36 +373,34 @@ class BackendRegistry:
             If no registered, available entry qualifies. The message states the request
             and, for each registered backend, why it did not qualify.
         """
+        qualifying, rejected = self.candidates(request)
+        if qualifying:
+            return qualifying[0]
         wanted = request if request is not None else SelectionRequest()
-        reasons: list[str] = []
-        for entry in self._ranked():
-            missing = wanted.unmet(entry.kind, entry.capabilities)
-            if not entry.available:
-                missing.insert(0, "unavailable")
-            if not missing:
-                return entry.kind
-            reasons.append(f"{entry.kind.value}: {', '.join(missing)}")
-        detail = "; ".join(reasons) if reasons else "no backend is registered"
+        detail = "; ".join(f"{kind.value}: {', '.join(missing)}" for kind, missing in rejected)
+        detail = detail or "no backend is registered"
         raise UnsupportedError(f"no backend satisfies the request ({wanted.describe()}): {detail}")
 
     def select_best(self) -> BackendKind:
-        """The highest-priority available kind, with no requirement; the CPU when nothing is available.
+        """The kind :func:`computehal.auto` chooses with no requirement: ``fallback_chain()[0]``.
 
-        Usually ``fallback_chain()[0]``; it differs only when an available backend has a
-        priority below the CPU's (the probe ranks PoCL / lavapipe, whose only device is the
-        host CPU, at 0), in which case the CPU is the best choice.
+        The highest-priority available kind, or the CPU when nothing is available. The
+        probe ranks PoCL / lavapipe, whose only device is the host CPU, at 0, below the
+        CPU's 1, so on a machine without a real GPU this is the CPU.
         """
-        ranked = [entry.kind for entry in self._ranked() if entry.available]
-        return ranked[0] if ranked else BackendKind.CPU
+        return self.fallback_chain()[0]
 
     def fallback_chain(self) -> list[BackendKind]:
-        """Available kinds by priority (highest first), with :attr:`BackendKind.CPU` always last.
+        """The order in which :func:`computehal.auto` tries backends, and every fallback follows.
 
-        The CPU ends the chain even when it is not registered or marked unavailable: it is
-        the fallback of last resort.
+        The available kinds by priority, highest first, the CPU at its own priority
+        (so backends ranked below it, such as PoCL on the host, come after it). An
+        unavailable or unregistered CPU still ends the chain: it is the fallback of
+        last resort.
         """
-        chain: list[BackendKind] = [kind for kind in self.available_kinds() if kind is not BackendKind.CPU]
-        chain.append(BackendKind.CPU)
+        chain = self.available_kinds()
+        if BackendKind.CPU not in chain:
+            chain.append(BackendKind.CPU)
         return chain
 
     def route(self, op_class: OpClass | str, *, dtype: object = None) -> BackendKind:
@@ -373,7 +408,7 @@ class BackendRegistry:
 
         Matmul, convolution and attention go to the highest-priority available backend
         with tensor cores when there is one; otherwise, and for every other class, to
-        :meth:`select_best`.
+        the first of :meth:`fallback_chain` (that takes ``dtype``).
 
         Parameters
         ----------
@@ -395,10 +430,7 @@ class BackendRegistry:
             for entry in ranked:
                 if entry.capabilities.tensor_cores:
                     return entry.kind
-        for entry in ranked:
-            if entry.kind is not BackendKind.CPU:
-                return entry.kind
-        return BackendKind.CPU
+        return ranked[0].kind if ranked else BackendKind.CPU
 
     # ------------------------------------------------------------------ internals
 
