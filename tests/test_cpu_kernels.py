@@ -1,4 +1,4 @@
-"""Exactness of CpuBackend's compiled float32 kernels (computehal.backends._cpu_kernels).
+"""Exactness of CpuBackend's compiled float32 kernels (computehal.backends.cpu._kmath).
 
 Every 997th float32 bit pattern (about 4.3 million values, all signs, exponents and
 subnormals) plus the special values and range boundaries is pushed through each
@@ -17,7 +17,7 @@ import numpy.typing as npt
 import pytest
 
 # numba is a core dependency: a kernel module that fails to import is a failure, not a skip.
-import computehal.backends._cpu_kernels as K  # noqa: E402
+import computehal.backends.cpu._kmath as K  # noqa: E402
 
 F32 = np.float32
 F64 = np.float64

@@ -1,4 +1,4 @@
-"""Compiled float32 kernels for CpuBackend's transcendental operations (numba).
+"""Compiled float32 kernels for the CPU backend's transcendental operations (numba).
 
 NumPy's float32 ``exp`` / ``tanh`` / ``log`` run at about 1.3 ns per element, several
 times slower than memory, so sigmoid, tanh, exp, log, softmax and the exponentials of
@@ -49,6 +49,7 @@ __all__ = [
     "softmax_columns",
     "exp_shifted_rowsum",
     "extreme_columns",
+    "warm_up",
 ]
 
 
@@ -437,3 +438,16 @@ def exp_shifted_rowsum(scores: Any, shift: Any, sums: Any) -> None:
         for j in range(row.shape[0]):
             row[j] = _exp(row[j] - s)
         sums[r] = _row_sum(row)
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's cache) every kernel of this module now."""
+    x = np.zeros(4, dtype=_F)
+    rows = np.zeros((2, 4), dtype=_F)
+    for fn in (exp_into, log_into, tanh_into, sigmoid_into):
+        fn(x, x)
+    softmax_rows(rows, rows)
+    softmax_columns(rows, rows, 0, 4)
+    extreme_columns(rows, x, 0, 4, True)
+    extreme_columns(rows, x, 0, 4, False)
+    exp_shifted_rowsum(rows, x[:2], x[2:])

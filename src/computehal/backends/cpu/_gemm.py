@@ -1,0 +1,91 @@
+"""GEMM on the CPU: BLAS called in place on the caller's memory and leading dimensions.
+
+No operand is copied (the shared dispatcher has already copied aside an A or B that C
+overlaps, which BLAS leaves undefined). Batched GEMMs split batches over the worker
+threads, each with single-threaded BLAS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from ... import validation as v
+from ...dtypes import F32
+from ...memory import Region, ceil_div
+from ...types import MixedPrecision
+from ._blas import gemm_at
+from ._plumbing import CpuPlumbing, FloatArray
+from ._runtime import parallel_pull, single_threaded_blas, workers
+
+__all__ = ["GemmOps"]
+
+#: Batched GEMM hands each thread at least this many multiply-adds.
+BATCH_GRAIN_FLOPS = 1 << 21
+
+
+def run_gemm(p: v.GemmProblem, a: int, b: int, c: int) -> None:
+    """One GEMM of ``p``'s shape on the given addresses, with BLAS's quick returns."""
+    if p.empty:
+        return
+    if p.product_skipped:
+        # BLAS quick return for k == 0 or alpha == 0: C = beta * C (write-only if beta == 0).
+        gemm_at(p.dtype, False, False, p.m, p.n, 0, 0.0, c, max(1, p.m), c, 1, p.beta, c, p.ldc)
+        return
+    gemm_at(p.dtype, p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, a, p.lda, b, p.ldb, p.beta, c, p.ldc)
+
+
+class GemmOps(CpuPlumbing):
+    """``gemm``, ``batched_gemm`` and ``gemm_mixed_precision``."""
+
+    def _exec_gemm(self, p: v.GemmProblem) -> None:
+        run_gemm(p, p.a.ptr, p.b.ptr, p.c.ptr)
+
+    def _exec_batched_gemm(self, p: v.BatchedGemmProblem) -> None:
+        g = p.gemm
+        size = g.dtype.itemsize
+        a0, b0, c0 = g.a.ptr, g.b.ptr, g.c.ptr
+
+        def run(start: int, stop: int) -> None:
+            for i in range(start, stop):
+                run_gemm(
+                    g, a0 + i * p.stride_a * size, b0 + i * p.stride_b * size, c0 + i * p.stride_c * size
+                )
+
+        grain = max(1, BATCH_GRAIN_FLOPS // max(1, g.m * g.n * max(1, g.k)))
+        if workers() > 1 and p.batch_count >= 2 * grain:
+            # Batches go to the worker threads, each with single-threaded BLAS (the
+            # C matrices of different batches never overlap, and no input overlaps a C).
+            def pull(items: Iterator[int]) -> None:
+                for j in items:
+                    run(j * grain, min(p.batch_count, (j + 1) * grain))
+
+            with single_threaded_blas():
+                parallel_pull(ceil_div(p.batch_count, grain), pull)
+        else:
+            run(0, p.batch_count)
+
+    def _exec_gemm_mixed_precision(self, p: v.GemmProblem) -> None:
+        fmt = p.prec
+        assert fmt is not None
+        if p.product_skipped:
+            run_gemm(p, p.a.ptr, p.b.ptr, p.c.ptr)
+            return
+        a = self._rounded(p.a, *p.a_shape, p.lda, fmt)
+        b = self._rounded(p.b, *p.b_shape, p.ldb, fmt)
+        gemm_at(
+            F32, p.trans_a, p.trans_b, p.m, p.n, p.k, np.float32(p.alpha).item(),
+            a.ctypes.data, a.shape[0], b.ctypes.data, b.shape[0],
+            np.float32(p.beta).item(), p.c.ptr, p.ldc,
+        )  # fmt: skip
+
+    def _rounded(self, region: Region, rows: int, cols: int, ld: int, fmt: MixedPrecision) -> FloatArray:
+        """A Fortran-ordered float32 copy of a stored matrix, rounded through ``fmt``."""
+        import ml_dtypes
+
+        narrow: Any = np.float16 if fmt is MixedPrecision.F16 else ml_dtypes.bfloat16
+        stored = self._matrix(region, rows, cols, ld, F32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.asfortranarray(stored.astype(narrow, order="F").astype(F32, order="F"))

@@ -1,0 +1,241 @@
+"""The CPU backend's process-wide machinery: worker threads, the BLAS thread limit, the
+compiled kernels, and what the host tells about itself (CPU name, physical memory).
+
+Everything here is shared by every :class:`~computehal.backends.cpu.CpuBackend` of the
+process: one pool of worker threads (NumPy ufuncs, BLAS and the numba kernels release
+the GIL, so ranges split over it use every core), one reference-counted BLAS limit, and
+each compiled kernel module loaded once.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import os
+import platform
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from types import ModuleType
+from typing import Any
+
+__all__ = [
+    "PARALLEL_THRESHOLD",
+    "cpu_name",
+    "kernels",
+    "memory_available",
+    "memory_total",
+    "parallel_pull",
+    "parallel_ranges",
+    "single_threaded_blas",
+    "workers",
+]
+
+_log = logging.getLogger("computehal.backends.cpu")
+
+#: Problems below this many elements run on the calling thread.
+PARALLEL_THRESHOLD = 1 << 16
+
+# --------------------------------------------------------------------------- threads
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+@functools.cache
+def workers() -> int:
+    """Threads to split work over: the CPUs this process may run on (read once)."""
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+def _thread_pool() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        with _pool_lock:
+            if _pool is None:
+                _pool = ThreadPoolExecutor(max_workers=workers(), thread_name_prefix="computehal-cpu")
+    return _pool
+
+
+def parallel_ranges(total: int, fn: Callable[[int, int], None], grain: int = PARALLEL_THRESHOLD) -> None:
+    """Run ``fn(start, stop)`` over ``[0, total)`` split across the worker threads.
+
+    Each part holds at least ``grain`` items; the calling thread runs the first part.
+    """
+    parts = min(workers(), max(1, total // max(1, grain)))
+    if parts <= 1:
+        if total > 0:
+            fn(0, total)
+        return
+    bounds = [total * i // parts for i in range(parts + 1)]
+    futures = [_thread_pool().submit(fn, bounds[i], bounds[i + 1]) for i in range(1, parts)]
+    try:
+        fn(bounds[0], bounds[1])
+    finally:
+        for future in futures:
+            future.result()
+
+
+def parallel_pull(count: int, worker: Callable[[Iterator[int]], None]) -> None:
+    """Run ``worker(items)`` on every worker thread; all share one iterator over ``range(count)``.
+
+    Each thread pulls the next index when it is free (``next`` on a range iterator is
+    atomic under the GIL), so a thread slowed by other processes simply takes fewer
+    items. ``worker`` sets up its per-thread scratch once and then iterates ``items``.
+    """
+    items = iter(range(count))
+    parts = min(workers(), count)
+    if parts <= 1:
+        worker(items)
+        return
+    futures = [_thread_pool().submit(worker, items) for _ in range(parts - 1)]
+    try:
+        worker(items)
+    finally:
+        for future in futures:
+            future.result()
+
+
+# --------------------------------------------------------------------------- BLAS threads
+
+
+class _BlasLimit:
+    """A reference-counted "BLAS runs single-threaded" state for the whole process.
+
+    The first holder takes the limit and the last one to leave restores the thread
+    counts BLAS had before, whichever threads they run in: overlapping holders from
+    several caller threads never leave BLAS single-threaded (nested save / restore pairs
+    would: the inner one saves the outer one's limit). The threadpoolctl controller is
+    built once, since building one rescans every loaded library.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._controller: Any = None
+        self._limiter: Any = None
+        self._holders = 0
+
+    def _ensure_controller(self) -> Any:
+        if self._controller is None:
+            try:
+                import scipy.linalg.cython_blas  # noqa: F401  (load SciPy's BLAS before the scan)
+                from threadpoolctl import ThreadpoolController
+            except ImportError:
+                self._controller = False
+            else:
+                self._controller = ThreadpoolController()
+        return self._controller
+
+    def enter(self) -> None:
+        with self._lock:
+            controller = self._ensure_controller()
+            if controller is False:
+                return
+            if self._holders == 0:
+                self._limiter = controller.limit(limits=1, user_api="blas")
+            self._holders += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            if self._controller is False or self._holders == 0:
+                return
+            self._holders -= 1
+            if self._holders == 0 and self._limiter is not None:
+                limiter, self._limiter = self._limiter, None
+                limiter.restore_original_limits()
+
+
+_BLAS_LIMIT = _BlasLimit()
+
+
+@contextmanager
+def single_threaded_blas() -> Iterator[None]:
+    """Run BLAS single-threaded inside the block (the worker threads split the work)."""
+    _BLAS_LIMIT.enter()
+    try:
+        yield
+    finally:
+        _BLAS_LIMIT.leave()
+
+
+# --------------------------------------------------------------------------- compiled kernels
+
+_kernel_lock = threading.Lock()
+_kernel_modules: dict[str, ModuleType | None] = {}
+
+
+def kernels(name: str) -> Any:
+    """The compiled kernel module ``computehal.backends.cpu.<name>``, or None where numba fails.
+
+    Loaded once, on the first call that can use it; its ``warm_up()`` compiles (or reads
+    from numba's cache) every kernel right then, so a numba that cannot compile is found
+    here and the caller keeps its NumPy path. ``COMPUTEHAL_CPU_KERNELS=0`` turns every
+    kernel module off.
+    """
+    module = _kernel_modules.get(name, False)
+    if module is not False:
+        return module
+    with _kernel_lock:
+        if name not in _kernel_modules:
+            _kernel_modules[name] = _load(name)
+        return _kernel_modules[name]
+
+
+def kernels_enabled() -> bool:
+    """False when ``COMPUTEHAL_CPU_KERNELS`` turns the compiled kernels off."""
+    flag = os.environ.get("COMPUTEHAL_CPU_KERNELS", "1").strip().lower()
+    return flag not in ("0", "false", "no", "off")
+
+
+def _load(name: str) -> ModuleType | None:
+    if not kernels_enabled():
+        return None
+    try:
+        module = importlib.import_module(f"{__package__}.{name}")
+        module.warm_up()
+    except Exception as exc:  # numba missing, or unable to compile here: NumPy paths stay
+        _log.debug("computehal: compiled CPU kernels %s unavailable, using NumPy (%r)", name, exc)
+        return None
+    return module
+
+
+# --------------------------------------------------------------------------- the host
+
+
+@functools.cache
+def cpu_name() -> str:
+    """The CPU's model name (from ``/proc/cpuinfo`` where there is one)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "host CPU"
+
+
+@functools.cache
+def memory_total() -> int:
+    """Physical memory in bytes (0 where the OS does not say)."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def memory_available() -> int | None:
+    """Memory the OS can hand out now (``MemAvailable``), in bytes, or None where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
