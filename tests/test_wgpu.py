@@ -97,7 +97,7 @@ def test_identity_and_devices(be: Any) -> None:
     assert be.name() in ("vulkan", "metal", "webgpu")
     caps = be.capabilities()
     assert caps.supports_fp64 is False
-    assert caps.supports_fp16 == ("shader-f16" in be._device.adapter.features)
+    assert caps.supports_fp16 == ("shader-f16" in be._gpu.device.adapter.features)
     assert "gemm" in caps.native_ops and "attention" in caps.native_ops
     devices = be.available_devices()
     assert devices and len(devices) == len(wgpu.gpu.enumerate_adapters_sync())
@@ -127,7 +127,7 @@ def test_bad_adapter_index() -> None:
     from computehal.backends.wgpu import WgpuBackend
 
     with pytest.raises(BackendError):
-        WgpuBackend(adapter=999).init()
+        WgpuBackend(device=999).init()
 
 
 # ---------------------------------------------------------------------- memory
@@ -178,6 +178,64 @@ def test_copy_accepts_buffer_protocol_objects(be: Any) -> None:
     with pytest.raises(InvalidArgumentError):
         be.copy_dtoh(b"read-only", ptr)
     be.free(ptr)
+
+
+def test_copy_dtod_any_byte_range(be: Any) -> None:
+    """Whole words between buffers are a buffer copy; the rest runs the word-owning copy shader."""
+    rng = np.random.default_rng(5)
+    a0, b0 = rng.integers(0, 256, 64, dtype=np.uint8), rng.integers(0, 256, 64, dtype=np.uint8)
+    pa, pb = put(be, a0, np.uint8), put(be, b0, np.uint8)
+    for src, dst, n in [(0, 0, 63), (4, 8, 20), (1, 0, 9), (0, 3, 13), (5, 2, 37), (3, 7, 1), (6, 1, 2)]:
+        be.copy_htod(pa, a0)
+        be.copy_htod(pb, b0)
+        be.copy_dtod(pb + dst, pa + src, n)  # two buffers
+        want = b0.copy()
+        want[dst : dst + n] = a0[src : src + n]
+        np.testing.assert_array_equal(get(be, pb, 64, np.uint8), want)
+        m = min(n // 2 + 1, 32 - dst // 2)
+        be.copy_dtod(pa + 32 + dst // 2, pa + src, m)  # one buffer, apart or overlapping
+        want = a0.copy()
+        want[32 + dst // 2 : 32 + dst // 2 + m] = a0[src : src + m]
+        np.testing.assert_array_equal(get(be, pa, 64, np.uint8), want)
+        be.copy_htod(pa, a0)
+        be.copy_dtod(pa + src + 1, pa + src, n)  # memmove forwards by one byte
+        want = a0.copy()
+        want[src + 1 : src + 1 + n] = a0[src : src + n]
+        np.testing.assert_array_equal(get(be, pa, 64, np.uint8), want)
+    be.free(pa)
+    be.free(pb)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_fill_writes_only_its_elements(be: Any, dtype: str) -> None:
+    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    size = np.dtype(np_dtype).itemsize
+    base = np.arange(40, dtype=np.uint8)
+    ptr = put(be, base, np.uint8)
+    for first, count, value in [(1, 1, 1.0 / 3.0), (1, 6, -2.5), (2, 5, np.inf), (0, 40 // size, np.nan)]:
+        be.copy_htod(ptr, base)
+        be.fill(ptr + first * size, count, value, dtype=dtype)
+        got = get(be, ptr, 40, np.uint8)
+        want = base.copy()
+        want[first * size : (first + count) * size] = np.full(count, value, dtype=np_dtype).view(np.uint8)
+        np.testing.assert_array_equal(got, want)
+    be.free(ptr)
+
+
+def test_buffers_outlive_the_recorded_work_that_uses_them(be: Any) -> None:
+    """A buffer freed while recorded (unsubmitted, or running) work reads it is destroyed only after."""
+    n = 1 << 20
+    x = np.random.default_rng(3).random(n).astype(F32)
+    py = be.alloc(4 * n)
+    for flush in (False, True):
+        px = put(be, x)
+        for _ in range(3):
+            be.unary("sqrt", px, py, n)
+        if flush:
+            be._gpu.queue.flush()  # submitted, probably still running
+        be.free(px)
+        np.testing.assert_array_equal(get(be, py, n), np.sqrt(x))
+    be.free(py)
 
 
 # ---------------------------------------------------------------------- GEMM
@@ -653,24 +711,24 @@ def test_pipelines_are_compiled_once(be: Any) -> None:
         be.unary("exp", px, px, 256)
         be.binary("add", px, px, px, 256)
         be.reduce("sum", px, px, [16, 16], 1)
-    pipelines, modules = dict(be._pipelines), dict(be._modules)
+    compiled = be._gpu.programs.compiled()
     for op in ("relu", "tanh", "neg"):
         be.unary(op, px, px, 100)
     be.binary("mul", px, px, px, 17)
     be.reduce("max", px, px, [8, 16], 1)
-    assert be._pipelines == pipelines and be._modules == modules
+    assert be._gpu.programs.compiled() == compiled
     be.free(px)
 
 
 def test_binding_limit_is_reported(be: Any) -> None:
     px = be.alloc(4096)
-    saved = be._max_binding
-    be._max_binding = 1024
+    saved = be._gpu.max_binding
+    be._gpu.max_binding = 1024
     try:
         with pytest.raises(UnsupportedError, match="maxStorageBufferBindingSize"):
             be.unary("abs", px, px, 1024)
     finally:
-        be._max_binding = saved
+        be._gpu.max_binding = saved
     be.free(px)
 
 
@@ -683,7 +741,7 @@ def test_only_backend_errors_escape(be: Any) -> None:
         lambda: be.copy_htod(12345, object()),
         lambda: be.gather(1, [1.5], 1, 1, 1),
         lambda: be.alloc(2**70),
-        lambda: be.alloc(be._max_buffer + 4),
+        lambda: be.alloc(be._gpu.max_buffer + 4),
     ]
     for call in calls:
         with pytest.raises(BackendError):
@@ -944,7 +1002,7 @@ def tight(be: Any) -> Iterator[Any]:
 
     backend = WgpuBackend()
     backend.init()
-    backend._loop_budget = 2000  # noqa: SLF001 - exercise the split paths at small sizes
+    backend._gpu.loop_budget = 2000  # noqa: SLF001 - exercise the split paths at small sizes
     yield backend
     backend.close()
 
@@ -974,7 +1032,7 @@ def test_attention_split_at_a_small_budget(tight: Any, dims: tuple[int, ...], ca
 
 
 def test_unsplittable_work_is_refused_on_llvmpipe(be: Any) -> None:
-    if be._loop_budget is None:  # noqa: SLF001
+    if be._gpu.loop_budget is None:  # noqa: SLF001
         pytest.skip("the adapter has no per-invocation loop limit")
     # A filter-gradient row of 70000 output columns cannot be cut further.
     xs, fs, ys = (1, 1, 1, 70_000), (1, 1, 1, 1), (1, 1, 1, 70_000)

@@ -1,5 +1,5 @@
 // Scalar element-wise functions shared by the scalar and vec4 element-wise kernels.
-// Op codes follow the order of computehal.types.UnaryOp / BinaryOp.
+// Op codes are the UNARY_* / BINARY_* constants generated from computehal.backends._common.
 // tanh accurate to a few ulp everywhere: the builtin loses all relative accuracy near 0
 // on some drivers (it computes (e^2x - 1) / (e^2x + 1)). Odd Taylor polynomial below
 // 0.5, 1 - 2 / (e^2|x| + 1) up to 9, +-1 beyond (tanh(9) rounds to 1 in float32).
@@ -28,27 +28,27 @@ fn tanh_f32(x: f32) -> f32 {
 
 fn apply_unary(op: u32, x: f32) -> f32 {
     switch op {
-        case 0u: {
+        case UNARY_RELU: {
             // RELU: max(x, 0) with NaN -> 0.
             return select(0.0, x, x > 0.0);
         }
-        case 1u: {
+        case UNARY_SIGMOID: {
             // SIGMOID: 1 / (1 + exp(-x)); exp overflows to inf giving exactly 0.
             if (is_nan(x)) {
                 return x;
             }
             return 1.0 / (1.0 + exp(-x));
         }
-        case 2u: {
+        case UNARY_TANH: {
             return tanh_f32(x);
         }
-        case 3u: {
+        case UNARY_EXP: {
             if (is_nan(x)) {
                 return x;
             }
             return exp(x);
         }
-        case 4u: {
+        case UNARY_LOG: {
             // LOG: log(0) = -inf, log(negative) = NaN, log(inf) = inf.
             if (is_nan(x)) {
                 return x;
@@ -61,7 +61,7 @@ fn apply_unary(op: u32, x: f32) -> f32 {
             }
             return log(x);
         }
-        case 5u: {
+        case UNARY_SQRT: {
             if (is_nan(x)) {
                 return x;
             }
@@ -70,10 +70,10 @@ fn apply_unary(op: u32, x: f32) -> f32 {
             }
             return sqrt(x);
         }
-        case 6u: {
+        case UNARY_ABS: {
             return bitcast<f32>(bitcast<u32>(x) & 0x7fffffffu);
         }
-        default: {
+        case UNARY_NEG, default: {
             return bitcast<f32>(bitcast<u32>(x) ^ 0x80000000u);
         }
     }
@@ -102,22 +102,22 @@ fn ieee_div(a: f32, b: f32) -> f32 {
 
 fn apply_binary(op: u32, a: f32, b: f32) -> f32 {
     switch op {
-        case 0u: {
+        case BINARY_ADD: {
             return a + b;
         }
-        case 1u: {
+        case BINARY_SUB: {
             return a - b;
         }
-        case 2u: {
+        case BINARY_MUL: {
             return a * b;
         }
-        case 3u: {
+        case BINARY_DIV: {
             return ieee_div(a, b);
         }
-        case 4u: {
+        case BINARY_MAX: {
             return fmax_nan(a, b);
         }
-        default: {
+        case BINARY_MIN, default: {
             return fmin_nan(a, b);
         }
     }

@@ -32,20 +32,20 @@ var<workgroup> partial: array<f32, 256>;
 var<workgroup> partial2: array<f32, 256>;
 
 fn identity(op: u32) -> f32 {
-    if (op == 1u) {
+    if (op == REDUCE_MAX) {
         return f32_neg_inf();
     }
-    if (op == 2u) {
+    if (op == REDUCE_MIN) {
         return f32_inf();
     }
     return 0.0;
 }
 
 fn combine(op: u32, a: f32, b: f32) -> f32 {
-    if (op == 1u) {
+    if (op == REDUCE_MAX) {
         return fmax_nan(a, b);
     }
-    if (op == 2u) {
+    if (op == REDUCE_MIN) {
         return fmin_nan(a, b);
     }
     return a + b;
@@ -54,7 +54,7 @@ fn combine(op: u32, a: f32, b: f32) -> f32 {
 // MEAN divides by `divisor` (the axis length; for the second pass of a split reduction
 // the original axis length, not the number of partial results).
 fn finish(op: u32, value: f32) -> f32 {
-    if (op == 3u && P.divisor > 0u) {
+    if (op == REDUCE_MEAN && P.divisor > 0u) {
         return value / f32(P.divisor);
     }
     return value;
@@ -215,7 +215,7 @@ fn softmax_group(
         total += exp(X[P.in_off + base + l * P.inner] - slice_peak);
     }
     partial[lidx] = total;
-    tree(0u, lidx);
+    tree(REDUCE_SUM, lidx);
     let inv = 1.0 / partial[0];
     for (var l = lidx; l < P.length; l += WG) {
         let idx = base + l * P.inner;
@@ -308,7 +308,7 @@ fn softmax_split_sums(
         total += exp(X[base + l * P.inner] - peak);
     }
     partial[lidx] = total;
-    tree(0u, lidx);
+    tree(REDUCE_SUM, lidx);
     if (lidx == 0u) {
         T[2u * P.slices * nwg.x + slice * nwg.x + c] = partial[0];
     }
@@ -335,7 +335,7 @@ fn softmax_split_write(
         total += T[sums + k];
     }
     partial[lidx] = total;
-    tree(0u, lidx);
+    tree(REDUCE_SUM, lidx);
     let inv = 1.0 / partial[0];
     for (var l = lo + lidx; l < hi; l += WG) {
         let idx = base + l * P.inner;
