@@ -1,8 +1,9 @@
-"""Every shared kernel source must compile as CUDA C++ to PTX for sm_80 and sm_90.
+"""Every C-family kernel source must compile as CUDA C++ to PTX for sm_80 and sm_90.
 
-The OpenCL backend runs these files on PoCL; the CUDA backend compiles the same files with
-NVRTC. This test keeps them honest on machines without a GPU: it compiles each ``.cl`` file
-in every build configuration the backends use, with ``nvcc -x cu -ptx`` (the preinstalled
+The OpenCL backend runs the ``.cl`` files on PoCL; the CUDA backend compiles the same files
+(and the CUDA-only ``.cu`` helpers) with NVRTC. This test keeps them honest on machines
+without a GPU: it compiles each ``.cl`` / ``.cu`` file, as the kernel loader builds it, in
+every build configuration the backends use, with ``nvcc -x cu -ptx`` (the preinstalled
 ``nvcc``) and with NVRTC (``libnvrtc`` through ctypes: the pip wheel ``nvidia-cuda-nvrtc-*``
 or a CUDA toolkit; no GPU or driver needed), each that is present. It is skipped, saying so,
 only when neither compiler is present.
@@ -115,7 +116,7 @@ COMPILERS = [name for name, tool in (("nvcc", NVCC), ("nvrtc", NVRTC)) if tool i
 def _cases() -> list[Any]:
     params = []
     for name in kernel_files():
-        if not name.endswith(".cl"):
+        if not name.endswith((".cl", ".cu")):
             continue
         for i, defines in enumerate(CONFIGS.get(name, [{}])):
             for arch in ARCHES:
@@ -133,11 +134,10 @@ def test_ci_has_a_cuda_compiler() -> None:
 @pytest.mark.skipif(not COMPILERS, reason="neither nvcc nor NVRTC is installed: CUDA compile check not run")
 @pytest.mark.parametrize(("name", "defines", "arch", "tool"), _cases())
 def test_kernel_compiles_as_cuda(name: str, defines: dict[str, str], arch: str, tool: str) -> None:
-    source = kernel_source(name)
-    flags = [f"-D{key}={value}" for key, value in defines.items()]
+    source = kernel_source(name, defines)
     if tool == "nvrtc":
         assert NVRTC is not None
-        NVRTC(source, [f"--gpu-architecture=compute_{arch[3:]}", *flags])
+        NVRTC(source, [f"--gpu-architecture=compute_{arch[3:]}"])
         return
     assert NVCC is not None
     with tempfile.TemporaryDirectory() as tmp:
@@ -145,7 +145,7 @@ def test_kernel_compiles_as_cuda(name: str, defines: dict[str, str], arch: str, 
         src.write_text(source, encoding="utf-8")
         out = Path(tmp) / "out.ptx"
         result = subprocess.run(
-            [NVCC, "-x", "cu", f"-arch={arch}", "-ptx", *flags, str(src), "-o", str(out)],
+            [NVCC, "-x", "cu", f"-arch={arch}", "-ptx", str(src), "-o", str(out)],
             capture_output=True,
             text=True,
             timeout=300,

@@ -118,15 +118,52 @@ def test_filters_and_bad_ordinal() -> None:
         OpenCLBackend(device=-1)
 
 
-def test_float64_unsupported_where_the_device_lacks_it(be: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    a = np.eye(4)
-    base, _ = put(be, a)
-    try:
-        monkeypatch.setattr(be, "_caps", be.capabilities().__class__(supports_fp64=False))
+def test_filters_of_the_wrong_type_or_that_raise_are_backend_errors() -> None:
+    """Regression: ``OpenCLBackend(device_filter=5).capabilities()`` let AttributeError escape."""
+    _require_device()
+    with pytest.raises(InvalidArgumentError, match="device_filter"):
+        OpenCLBackend(device_filter=5).capabilities()  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="platform"):
+        OpenCLBackend(platform=3)  # type: ignore[arg-type]
+
+    def broken(dev: Any) -> bool:
+        raise KeyError("filter bug")
+
+    backend = OpenCLBackend(device_filter=broken)
+    assert backend.capabilities().max_threads_per_block >= 1  # the conservative profile
+    with pytest.raises(DeviceError, match="filter bug"):
+        backend.available_devices()
+    with pytest.raises(DeviceError, match="filter bug"):
+        backend.init()
+
+
+def test_driver_errors_become_device_errors_with_the_driver_text(be: Any) -> None:
+    from computehal.backends.opencl._runtime import ProgramCache, check
+
+    cache = ProgramCache(be._context)
+    with pytest.raises(DeviceError, match="while creating kernel no_such_kernel .*INVALID_KERNEL_NAME"):
+        cache.kernel("gather.cl", "no_such_kernel", {})
+    with pytest.raises(DeviceError, match="while testing: .*BUILD_PROGRAM_FAILURE"), check("testing"):
+        pyopencl.Program(be._context, "__kernel void f(").build()
+    with pytest.raises(DeviceError, match="gather.cl"):
+        cache.kernel("gather.cl", "gather_rows", {"i64": "not a type ("})
+    kernel = be._kernel("gather.cl", "gather_rows")
+    too_big = be._max_wg * 2
+    with pytest.raises(DeviceError, match="gather_rows"):
+        be._launch(kernel, (too_big, 1), (too_big, 1), *([None] * 7))
+
+
+def test_float64_unsupported_where_the_device_lacks_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    _require_device()
+    import computehal.backends.opencl._core as core
+
+    monkeypatch.setattr(core, "has_fp64", lambda dev: False)
+    with OpenCLBackend() as backend:
+        assert "float64" not in backend.capabilities().dtypes("gemm")
+        assert "float64" not in backend.capabilities().dtypes("softmax")
+        base, _ = put(backend, np.eye(4))
         with pytest.raises(UnsupportedError, match="cl_khr_fp64"):
-            be.gemm("N", "N", 4, 4, 4, 1.0, base, 4, base, 4, 0.0, base, 4)
-    finally:
-        be.free(base)
+            backend.gemm("N", "N", 4, 4, 4, 1.0, base, 4, base, 4, 0.0, base, 4)
 
 
 # --------------------------------------------------------------------------- memory
@@ -226,9 +263,9 @@ def test_kernel_sources_are_package_files_in_the_dialect() -> None:
 
 
 def test_recommended_tile_is_the_kernel_tile(be: Any) -> None:
-    import computehal.backends.opencl as module
+    import computehal.backends.opencl._gemm as module
 
-    vw, nr = module._GEMM_TILE[np.dtype(np.float32)]
+    vw, nr = module.GEMM_TILE[np.dtype(np.float32)]
     tile = be.recommended_tile_for(1024, 1024, 1024)
     assert isinstance(tile, TileShape)
     assert tile.tile_m == 2 * vw and tile.tile_n % nr == 0 and tile.tile_k == 1
@@ -343,9 +380,9 @@ def test_conformance_kit_passes(be: Any) -> None:
 def test_gemm_in_chunks_when_panels_exceed_scratch(
     be: Any, monkeypatch: pytest.MonkeyPatch, ta: str, tb: str
 ) -> None:
-    import computehal.backends.opencl as module
+    import computehal.backends.opencl._gemm as module
 
-    monkeypatch.setattr(module, "_GEMM_SCRATCH", 4000)  # forces chunks of batches, rows and columns
+    monkeypatch.setattr(module, "GEMM_SCRATCH", 4000)  # forces chunks of batches, rows and columns
     rng = np.random.default_rng(11)
     m, n, k, batches = 50, 45, 60, 3
     lda, ldb, ldc = (k if ta == "T" else m) + 1, (n if tb == "T" else k) + 2, m + 3
@@ -373,9 +410,9 @@ def test_gemm_in_chunks_when_panels_exceed_scratch(
 
 
 def test_convolutions_in_chunks_of_images(be: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    import computehal.backends.opencl as module
+    import computehal.backends.opencl._conv as module
 
-    monkeypatch.setattr(module, "_CONV_SCRATCH", 1)  # one image per chunk
+    monkeypatch.setattr(module, "CONV_SCRATCH", 1)  # one image per chunk
     rng = np.random.default_rng(4)
     n, c, h, w, k, fh, fw = 3, 2, 6, 5, 3, 3, 2
     stride, pad = (2, 1), (1, 1)
@@ -472,9 +509,9 @@ def test_reduce_fold_variants(be: Any, contig: int, shape: tuple[int, ...], axis
 def test_batched_gemm_with_c_aliasing_a_reads_operands_first(
     be: Any, monkeypatch: pytest.MonkeyPatch, scratch: int
 ) -> None:
-    import computehal.backends.opencl as module
+    import computehal.backends.opencl._gemm as module
 
-    monkeypatch.setattr(module, "_GEMM_SCRATCH", scratch)
+    monkeypatch.setattr(module, "GEMM_SCRATCH", scratch)
     rng = np.random.default_rng(21)
     batches, m = 3, 20  # square: A_i and C_i are the same m x m matrix
     a = rng.standard_normal((batches, m, m)).astype(np.float32)
