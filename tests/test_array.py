@@ -543,7 +543,9 @@ def test_reduce_generic_and_errors(be: ch.CpuBackend) -> None:
     with pytest.raises(ch.InvalidArgumentError):
         ca.sum(x, 0, out=ca.empty((2,), be))
     with pytest.raises(ch.InvalidArgumentError):
-        ca.sum(ch.asarray(np.ones(3), be))  # float64
+        ca.sum(ch.asarray(np.ones(3, np.int32), be))  # not a floating dtype
+    with pytest.raises(ch.InvalidArgumentError):
+        ca.sum(x, 0, out=ca.empty((3,), be, dtype="float64"))  # out of another dtype
     with pytest.raises(ch.InvalidArgumentError):
         ca.sum(x.T, 0)  # not contiguous
     with pytest.raises(ch.InvalidArgumentError):
@@ -670,3 +672,59 @@ def test_array_layer_on_every_backend(backend: ch.ComputeBackend) -> None:
     assert np.array_equal(back.numpy(), host)
     with ca.zeros((3,), backend) as z:
         assert z.numpy().tolist() == [0, 0, 0]
+
+
+# --------------------------------------------------------------------------- regressions (hostile use)
+
+
+def test_array_learns_that_the_pointer_api_freed_its_allocation(backend: ch.ComputeBackend) -> None:
+    x = ch.asarray(np.arange(4, dtype=np.float32), backend)
+    view = x[1:]
+    backend.free(x.ptr)
+    assert x.freed and view.freed
+    newer = [ch.asarray(np.full(4, 7, np.float32), backend) for _ in range(8)]  # may reuse the address
+    for stale in (x, view):
+        with pytest.raises(ch.InvalidArgumentError, match="freed"):
+            stale.numpy()
+        with pytest.raises(ch.InvalidArgumentError, match="freed"):
+            stale.copy_from(np.zeros(stale.shape, np.float32))
+        with pytest.raises(ch.InvalidArgumentError):
+            ca.relu(stale)
+    x.free()  # nothing to free any more, and no newer allocation is touched
+    for n in newer:
+        assert not n.freed and n.numpy().tolist() == [7, 7, 7, 7]
+        n.free()
+
+
+def test_array_learns_that_close_released_its_allocation(backend_factory: Any) -> None:
+    be = backend_factory()
+    be.init()
+    try:
+        x = ch.asarray(np.arange(4, dtype=np.float32), be)
+        be.close()
+        assert x.freed
+        be.init()
+        newer = ch.asarray(np.full(4, 3, np.float32), be)
+        with pytest.raises(ch.InvalidArgumentError, match="freed"):
+            x.copy_from(np.zeros(4, np.float32))
+        x.free()
+        del x
+        gc.collect()
+        assert not newer.freed and newer.numpy().tolist() == [3, 3, 3, 3]
+    finally:
+        be.close()
+
+
+def test_bfloat16_arrays_travel_on_every_backend(backend: ch.ComputeBackend) -> None:
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    assert ca.zeros(3, backend, dtype=bf16).numpy().tolist() == [0, 0, 0]
+    host = np.array([1.5, -2.0, 3.0e38, np.inf], dtype=bf16)
+    a = ch.asarray(host, backend)
+    assert a.dtype == bf16 and a.numpy().tobytes() == host.tobytes()
+    b = ch.from_dlpack(host, backend)
+    assert b.dtype == bf16 and b.numpy().tobytes() == host.tobytes()
+    c = ch.asarray(np.array([0.5, 1.25], np.float32), backend, dtype=bf16)
+    assert c.numpy().astype(np.float32).tolist() == [0.5, 1.25]
+    a[1:3].copy_from(np.array([4, 5], dtype=bf16))
+    assert a.numpy().astype(np.float32)[1:3].tolist() == [4, 5]

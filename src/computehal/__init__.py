@@ -35,10 +35,9 @@ from .types import (
 )
 
 if TYPE_CHECKING:
-    from .array import DeviceArray, asarray, empty, to_device, zeros
+    from .array import DeviceArray, asarray, empty, from_dlpack, to_device, zeros
     from .backends.cpu import CpuBackend
     from .backends.null import NullBackend
-    from .dlpack import from_dlpack
     from .probe import ProbeReport
     from .probe import probe as probe_backends
     from .registry import BackendEntry, BackendKind, BackendRegistry, SelectionRequest
@@ -112,7 +111,7 @@ _LAZY = {
     "to_device": ("computehal.array", "to_device"),
     "empty": ("computehal.array", "empty"),
     "zeros": ("computehal.array", "zeros"),
-    "from_dlpack": ("computehal.dlpack", "from_dlpack"),
+    "from_dlpack": ("computehal.array", "from_dlpack"),
 }
 
 

@@ -305,7 +305,9 @@ class ComputeBackend(abc.ABC):
         """*Extension.* Register memory owned by someone else as a borrowed range.
 
         ``address`` must be memory this backend can address in place (host memory for
-        the CPU backend, same-device memory for CUDA), aligned to 64 bytes. ``owner``
+        the CPU backend, same-device memory for CUDA). Any alignment is accepted (a
+        NumPy array's data is often only 16-byte aligned); each operation checks its
+        operands' alignment to their element size, as for interior pointers. ``owner``
         is kept alive while the range is registered. Returns the pointer (``address``);
         :meth:`free` forgets the range without freeing the memory. The default raises
         :class:`~computehal.UnsupportedError`.

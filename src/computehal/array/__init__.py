@@ -2,9 +2,15 @@
 
 :class:`DeviceArray` owns (or borrows) an allocation of a backend and knows its shape,
 dtype and strides; the functions here turn array operands into the pointer, shape and
-leading-dimension arguments of one :class:`~computehal.ComputeBackend` call each. The
-pointer API stays the contract: every array exposes ``.ptr`` and ``.backend``, and
+leading-dimension arguments of one :class:`~computehal.ComputeBackend` call each, with
+the arrays' own dtype (so float64 NumPy data stays float64 where the device has it).
+The pointer API stays the contract: every array exposes ``.ptr`` and ``.backend``, and
 nothing in this layer computes a number itself.
+
+Modules: ``_core`` (the array), ``_holder`` (ownership), ``_create`` (``empty``,
+``zeros``, ``asarray``), ``_dlpack`` (DLPack interop, :func:`from_dlpack`), and one
+module per family of functions: ``_linalg``, ``_nn``, ``_reduce``, ``_elementwise``,
+``_movement``.
 
 Examples
 --------
@@ -19,39 +25,63 @@ Examples
 3.0
 """
 
-from ..dlpack import from_dlpack
-from ._core import Device, DeviceArray, asarray, empty, to_device, zeros
-from ._ops import (
+from ._core import Device, DeviceArray
+from ._create import asarray, empty, full, to_device, zeros
+from ._dlpack import from_dlpack
+from ._elementwise import (
     abs,
     add,
-    attention,
     binary,
-    conv2d,
-    conv2d_backward_data,
-    conv2d_backward_filter,
+    clip,
+    cos,
     div,
+    erf,
     exp,
+    gelu,
+    leaky_relu,
     log,
-    matmul,
-    max,
     maximum,
-    mean,
-    min,
     minimum,
     mul,
     neg,
-    put,
-    reduce,
+    pow,
+    reciprocal,
     relu,
     sigmoid,
-    softmax,
+    silu,
+    sin,
     sqrt,
+    square,
     sub,
-    sum,
-    take,
     tanh,
     unary,
 )
+from ._linalg import matmul
+from ._movement import (
+    ascontiguousarray,
+    astype,
+    broadcast_to,
+    concat,
+    expand,
+    permute_dims,
+    put,
+    split,
+    take,
+    transpose,
+)
+from ._nn import (
+    attention,
+    avg_pool2d,
+    batch_norm,
+    conv2d,
+    conv2d_backward_data,
+    conv2d_backward_filter,
+    layer_norm,
+    lrn,
+    max_pool2d,
+    rms_norm,
+)
+from ._reduce import log_softmax, max, mean, min, reduce, softmax, sum
 
 __all__ = [
     "Device",
@@ -60,18 +90,29 @@ __all__ = [
     "to_device",
     "empty",
     "zeros",
+    "full",
     "from_dlpack",
+    # linear algebra and layers
     "matmul",
     "conv2d",
     "conv2d_backward_data",
     "conv2d_backward_filter",
+    "max_pool2d",
+    "avg_pool2d",
     "attention",
+    "layer_norm",
+    "rms_norm",
+    "batch_norm",
+    "lrn",
+    # reductions
     "softmax",
+    "log_softmax",
     "reduce",
     "sum",
     "max",
     "min",
     "mean",
+    # element-wise
     "unary",
     "relu",
     "sigmoid",
@@ -81,13 +122,32 @@ __all__ = [
     "sqrt",
     "abs",
     "neg",
+    "gelu",
+    "silu",
+    "erf",
+    "reciprocal",
+    "square",
+    "sin",
+    "cos",
+    "leaky_relu",
+    "clip",
     "binary",
     "add",
     "sub",
     "mul",
     "div",
+    "pow",
     "maximum",
     "minimum",
+    # data movement
+    "ascontiguousarray",
+    "transpose",
+    "permute_dims",
+    "concat",
+    "split",
+    "expand",
+    "broadcast_to",
+    "astype",
     "take",
     "put",
 ]

@@ -1,34 +1,34 @@
 """DeviceArray: a typed, shaped view of backend memory, with ownership.
 
-Every array references one :class:`_Holder`, the single owner of an allocation. The
-holder frees the allocation exactly once: when the owning array's :meth:`DeviceArray.free`
-runs (directly or on leaving a ``with`` block), or when the holder is garbage collected
-(a :func:`weakref.finalize`, never ``__del__``), which happens once the owning array and
-every view of it are gone. Views and slices are interior pointers into the same
-allocation and reference the holder, so they keep the memory alive.
+Every array references one :class:`~computehal.array._holder.Holder`, the single owner
+of an allocation; views and slices are interior pointers into the same allocation and
+reference the same holder, so they keep the memory alive. The holder also tells when
+the allocation was freed behind the arrays' back (``backend.free`` or ``close()``).
+
+This module only *asks* the backend: ``allocation_of`` for the allocation's identity,
+``host_view`` for zero-copy host access (None on device backends, which are read and
+written by copies), ``dlpack_device`` for DLPack. Host transfers always move raw bytes,
+so every dtype (bfloat16 and other extension types included) travels the same way.
 """
 
 from __future__ import annotations
 
 import math
 import operator
-import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, SupportsIndex
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from .. import dlpack as _dl
 from ..backend import ComputeBackend
-from ..errors import BackendError, InvalidArgumentError
-from ..memory import Allocation
+from ..errors import InvalidArgumentError
+from ._holder import Holder
+from ._shapes import ShapeLike, as_dtype, as_shape, basic_index, c_strides, check_backend, reshaped, span
 
-__all__ = ["DeviceArray", "Device", "asarray", "to_device", "empty", "zeros"]
-
-ShapeLike = SupportsIndex | Sequence[SupportsIndex]
+__all__ = ["DeviceArray", "Device"]
 
 
 @dataclass(frozen=True)
@@ -40,136 +40,6 @@ class Device:
 
     def __str__(self) -> str:
         return f"{self.backend}:{self.ordinal}"
-
-
-# --------------------------------------------------------------------------- ownership
-
-_UNKNOWN = object()
-
-
-def _live_allocation(backend: ComputeBackend, base: int) -> Any:
-    """The table entry at ``base`` (an :class:`Allocation`), ``None`` if none is live there,
-    or ``_UNKNOWN`` when the backend keeps no table that can be inspected."""
-    inner = _dl.unwrap(backend)
-    table_of = getattr(inner, "_memory", None)
-    if table_of is None:
-        return _UNKNOWN
-    try:
-        allocation = table_of().resolve("ptr", base, 0).allocation
-    except BackendError:
-        return None
-    return allocation if isinstance(allocation, Allocation) and allocation.base == base else None
-
-
-def _release(backend: ComputeBackend, base: int, token: Any, quiet: bool) -> None:
-    """Free (or unregister) the allocation at ``base`` if it is still the one we own.
-
-    ``token`` is the :class:`Allocation` recorded at creation: if the table now holds a
-    different allocation at that address (ours was released by ``backend.close()`` and
-    the address reused), nothing is freed. With ``quiet`` (garbage collection) a
-    :class:`BackendError` is swallowed: the backend may be closed or gone already.
-    """
-    try:
-        if token is not _UNKNOWN:
-            current = _live_allocation(backend, base)
-            if current is not _UNKNOWN and current is not token:
-                return  # already released with the backend (close()) or by a raw free()
-        backend.free(base)
-    except BackendError:
-        if not quiet:
-            raise
-
-
-class _Holder:
-    """Owns one allocation (or borrowed range) and frees it exactly once."""
-
-    __slots__ = ("backend", "base", "owned", "keepalive", "_finalizer", "__weakref__")
-
-    def __init__(self, backend: ComputeBackend, base: int, *, owned: bool, keepalive: Any = None) -> None:
-        self.backend = backend
-        self.base = base
-        self.owned = owned
-        self.keepalive = keepalive
-        self._finalizer: weakref.finalize[Any, Any] | None = None
-        if owned:
-            token = _live_allocation(backend, base)
-            finalizer = weakref.finalize(self, _release, backend, base, token, True)
-            finalizer.atexit = False
-            self._finalizer = finalizer
-
-    @property
-    def alive(self) -> bool:
-        """False once the allocation has been freed."""
-        return self._finalizer is None or self._finalizer.alive
-
-    def release(self) -> None:
-        """Free the allocation now (idempotent); errors of the backend propagate."""
-        if self._finalizer is None:
-            return
-        detached = self._finalizer.detach()
-        if detached is None:
-            return
-        _, _, args, _ = detached
-        backend, base, token, _quiet = args
-        _release(backend, base, token, False)
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _as_shape(shape: Any, name: str = "shape") -> tuple[int, ...]:
-    if isinstance(shape, (str, bytes)):
-        raise InvalidArgumentError(f"{name} must be a sequence of integers, got {type(shape).__name__}")
-    if isinstance(shape, Iterable):
-        items = list(shape)
-    else:
-        items = [shape]
-    dims: list[int] = []
-    for i, item in enumerate(items):
-        if isinstance(item, bool):
-            raise InvalidArgumentError(f"{name}[{i}] must be an integer, got a bool")
-        try:
-            dim = operator.index(item)
-        except TypeError:
-            raise InvalidArgumentError(f"{name}[{i}] must be an integer, got {type(item).__name__}") from None
-        if dim < 0:
-            raise InvalidArgumentError(f"{name}[{i}] = {dim} must be >= 0")
-        dims.append(dim)
-    return tuple(dims)
-
-
-def _as_dtype(dtype: Any) -> np.dtype[Any]:
-    try:
-        dt: np.dtype[Any] = np.dtype(dtype)
-    except (TypeError, ValueError):
-        raise InvalidArgumentError(f"dtype {dtype!r} is not a NumPy dtype") from None
-    if dt.hasobject or dt.itemsize == 0:
-        raise InvalidArgumentError(f"dtype {dt} has no fixed-size binary representation")
-    return dt
-
-
-def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
-    strides = []
-    step = itemsize
-    for dim in reversed(shape):
-        strides.append(step)
-        step *= max(dim, 1)
-    return tuple(reversed(strides))
-
-
-def _span(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> tuple[int, int]:
-    """Byte offsets ``[lo, hi)`` relative to the first element that the array touches."""
-    if any(dim == 0 for dim in shape):
-        return 0, 0
-    lo = sum(min(0, (dim - 1) * st) for dim, st in zip(shape, strides, strict=True))
-    hi = sum(max(0, (dim - 1) * st) for dim, st in zip(shape, strides, strict=True)) + itemsize
-    return lo, hi
-
-
-def _check_backend(backend: Any) -> ComputeBackend:
-    if not isinstance(backend, ComputeBackend):
-        raise InvalidArgumentError(f"backend must be a ComputeBackend, got {type(backend).__name__}")
-    return backend
 
 
 # --------------------------------------------------------------------------- DeviceArray
@@ -207,7 +77,7 @@ class DeviceArray:
 
     __array_priority__ = 100
 
-    _holder: _Holder
+    _holder: Holder
     _ptr: int
     _shape: tuple[int, ...]
     _dtype: np.dtype[Any]
@@ -221,7 +91,7 @@ class DeviceArray:
     @classmethod
     def _make(
         cls,
-        holder: _Holder,
+        holder: Holder,
         ptr: int,
         shape: tuple[int, ...],
         dtype: np.dtype[Any],
@@ -243,8 +113,8 @@ class DeviceArray:
         """Wrap an allocation (or borrowed range) at ``ptr``; the array owns it from now on."""
         dt = np.dtype(dtype)
         dims = tuple(int(d) for d in shape)
-        holder = _Holder(backend, ptr, owned=True)
-        return cls._make(holder, ptr, dims, dt, _c_strides(dims, dt.itemsize), None)
+        holder = Holder(backend, ptr, owned=True)
+        return cls._make(holder, ptr, dims, dt, c_strides(dims, dt.itemsize), None)
 
     @classmethod
     def _external(
@@ -253,8 +123,8 @@ class DeviceArray:
         """A non-owning C-contiguous array at ``ptr`` that keeps ``keepalive`` alive."""
         dt = np.dtype(dtype)
         dims = tuple(int(d) for d in shape)
-        holder = _Holder(backend, ptr, owned=False, keepalive=keepalive)
-        return cls._make(holder, ptr, dims, dt, _c_strides(dims, dt.itemsize), None)
+        holder = Holder(backend, ptr, owned=False, keepalive=keepalive)
+        return cls._make(holder, ptr, dims, dt, c_strides(dims, dt.itemsize), None)
 
     @classmethod
     def from_pointer(
@@ -283,14 +153,14 @@ class DeviceArray:
             (exactly once, like any owning array). If False (default), the caller keeps
             ownership and must keep the allocation alive while the array is used.
         """
-        be = _check_backend(backend)
-        dims = _as_shape(shape)
-        dt = _as_dtype(dtype)
+        be = check_backend(backend)
+        dims = as_shape(shape)
+        dt = as_dtype(dtype)
         address = int(operator.index(ptr))
         if address <= 0:
             raise InvalidArgumentError(f"ptr = {address} is not a valid pointer")
-        holder = _Holder(be, address, owned=own)
-        return cls._make(holder, address, dims, dt, _c_strides(dims, dt.itemsize), None)
+        holder = Holder(be, address, owned=own)
+        return cls._make(holder, address, dims, dt, c_strides(dims, dt.itemsize), None)
 
     # ------------------------------------------------------------------ attributes
 
@@ -301,8 +171,10 @@ class DeviceArray:
 
     @property
     def device(self) -> Device:
-        """The device the array lives on (backend name and device ordinal)."""
-        return Device(self._holder.backend.name(), _dl.backend_ordinal(self._holder.backend))
+        """The device the array lives on (backend name and the backend's ``device`` ordinal)."""
+        backend = self._holder.backend
+        ordinal = getattr(backend, "device", 0)
+        return Device(backend.name(), ordinal if isinstance(ordinal, int) else 0)
 
     @property
     def ptr(self) -> int:
@@ -431,47 +303,7 @@ class DeviceArray:
 
     def __getitem__(self, key: Any) -> DeviceArray:
         """Basic indexing (integers, slices with any step, ``...``, ``None``): a view."""
-        items = list(key) if isinstance(key, tuple) else [key]
-        if sum(1 for item in items if item is Ellipsis) > 1:
-            raise IndexError("an index can only have a single ellipsis ('...')")
-        used = sum(1 for item in items if item is not None and item is not Ellipsis)
-        if used > self.ndim:
-            raise IndexError(f"too many indices: array is {self.ndim}-dimensional, but {used} were indexed")
-        if Ellipsis in items:
-            at = items.index(Ellipsis)
-            items[at : at + 1] = [slice(None)] * (self.ndim - used)
-        else:
-            items.extend([slice(None)] * (self.ndim - used))
-        offset = 0
-        shape: list[int] = []
-        strides: list[int] = []
-        axis = 0
-        for item in items:
-            if item is None:
-                shape.append(1)
-                strides.append(0)
-                continue
-            dim, stride = self._shape[axis], self._strides[axis]
-            if isinstance(item, slice):
-                start, stop, step = item.indices(dim)
-                length = len(range(start, stop, step))
-                if length:
-                    offset += start * stride
-                shape.append(length)
-                strides.append(stride * step)
-            else:
-                if isinstance(item, bool):
-                    raise IndexError("boolean indices are not supported (only basic indexing)")
-                try:
-                    index = operator.index(item)
-                except TypeError:
-                    raise IndexError(
-                        f"only integers, slices, '...' and None are valid indices, got {type(item).__name__}"
-                    ) from None
-                if not -dim <= index < dim:
-                    raise IndexError(f"index {index} is out of bounds for axis {axis} with size {dim}")
-                offset += (index % dim) * stride
-            axis += 1
+        offset, shape, strides = basic_index(self._shape, self._strides, key)
         return self._view(offset, tuple(shape), tuple(strides))
 
     def reshape(self, *shape: Any) -> DeviceArray:
@@ -482,37 +314,10 @@ class DeviceArray:
         InvalidArgumentError
             If the sizes differ or the array is not contiguous (``copy()`` it first).
         """
-        raw = shape[0] if len(shape) == 1 and not isinstance(shape[0], SupportsIndex) else shape
-        dims = list(raw) if isinstance(raw, Iterable) else [raw]
-        wanted: list[int] = []
-        unknown = -1
-        for i, item in enumerate(dims):
-            try:
-                value = operator.index(item)
-            except TypeError:
-                raise InvalidArgumentError(
-                    f"shape[{i}] must be an integer, got {type(item).__name__}"
-                ) from None
-            if value == -1:
-                if unknown >= 0:
-                    raise InvalidArgumentError("can only specify one unknown dimension (-1)")
-                unknown = i
-                wanted.append(1)
-            elif value < 0:
-                raise InvalidArgumentError(f"shape[{i}] = {value} must be >= 0 or -1")
-            else:
-                wanted.append(value)
-        known = math.prod(wanted)
-        if unknown >= 0:
-            if known == 0 or self.size % known:
-                raise InvalidArgumentError(f"cannot reshape an array of size {self.size} into {tuple(dims)}")
-            wanted[unknown] = self.size // known
-        new_shape = tuple(wanted)
-        if math.prod(new_shape) != self.size:
-            raise InvalidArgumentError(f"cannot reshape an array of size {self.size} into {new_shape}")
+        new_shape = reshaped(self.size, shape)
         if not self.is_contiguous:
             raise InvalidArgumentError("reshape needs a C-contiguous array; copy() it first")
-        return self._view(0, new_shape, _c_strides(new_shape, self.itemsize))
+        return self._view(0, new_shape, c_strides(new_shape, self.itemsize))
 
     def ravel(self) -> DeviceArray:
         """The contiguous array as one dimension (a view)."""
@@ -529,15 +334,28 @@ class DeviceArray:
 
     # ------------------------------------------------------------------ host transfer
 
-    def _host_view(self) -> npt.NDArray[Any]:
-        """A zero-copy NumPy view of the array on the CPU backend (keeps the memory alive)."""
+    def _host_view(self) -> npt.NDArray[Any] | None:
+        """A zero-copy NumPy view of the array where the backend's memory is host memory, else None.
+
+        The view keeps the memory alive (it means nothing once the array is freed).
+        """
         self._check_live()
-        keep = self._holder.keepalive
-        if isinstance(keep, np.ndarray) and self._ptr == self._holder.base and self._base is None:
-            return keep
-        lo, hi = _span(self._shape, self._strides, self.itemsize)
-        raw = _dl.host_bytes(self.backend, self._ptr + lo, hi - lo)
+        lo, hi = span(self._shape, self._strides, self.itemsize)
+        view = self.backend.host_view(self._ptr + lo, hi - lo)
+        if view is None:
+            return None
+        raw = np.frombuffer(view, dtype=np.uint8)
         return np.ndarray(self._shape, self._dtype, buffer=raw, offset=-lo, strides=self._strides)
+
+    def _host_bytes(self) -> npt.NDArray[Any]:
+        """A host copy of the array, read by one ``copy_dtoh`` of the bytes it spans."""
+        lo, hi = span(self._shape, self._strides, self.itemsize)
+        raw = np.empty(hi - lo, np.uint8)
+        if raw.nbytes:
+            self.backend.copy_dtoh(raw, self._ptr + lo)
+        if self.is_contiguous:
+            return raw.view(self._dtype).reshape(self._shape)
+        return np.ndarray(self._shape, self._dtype, buffer=raw, offset=-lo, strides=self._strides).copy()
 
     def numpy(self, *, copy: bool = True) -> npt.NDArray[Any]:
         """The array's data as a NumPy array.
@@ -546,42 +364,38 @@ class DeviceArray:
         ----------
         copy : bool, optional
             True (default): an independent host copy. False: a zero-copy view of the
-            memory (CPU backend only; it keeps the memory alive).
+            memory (only where the backend's memory is host memory, such as the CPU
+            backend's; the view keeps the memory alive).
 
         Raises
         ------
         BufferError
             If ``copy=False`` and the memory is not host-addressable.
         """
-        self._check_live()
-        if _dl.host_backend(self.backend) is not None:
-            view = self._host_view()
+        view = self._host_view()
+        if view is not None:
             return view.copy() if copy else view
         if not copy:
             raise BufferError(
                 f"the {self.backend.name()} backend's memory is not host-addressable; "
-                "numpy(copy=False) is only possible on the CPU backend"
+                "numpy(copy=False) is only possible where it is (the CPU backend)"
             )
-        if self.is_contiguous:
-            out = np.empty(self._shape, self._dtype)
-            if out.nbytes:
-                self.backend.copy_dtoh(out, self._ptr)
-            return out
-        lo, hi = _span(self._shape, self._strides, self.itemsize)
-        raw = np.empty(hi - lo, np.uint8)
-        if raw.nbytes:
-            self.backend.copy_dtoh(raw, self._ptr + lo)
-        strided = np.ndarray(self._shape, self._dtype, buffer=raw, offset=-lo, strides=self._strides)
-        return strided.copy()
+        return self._host_bytes()
 
     def to_host(self) -> npt.NDArray[Any]:
         """An independent NumPy copy of the data (same as ``numpy()``)."""
         return self.numpy(copy=True)
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> npt.NDArray[Any]:
-        if copy is False and _dl.host_backend(self.backend) is None:
-            raise ValueError("a DeviceArray on a non-CPU backend cannot be viewed by NumPy without a copy")
-        result = self.numpy(copy=copy is True or _dl.host_backend(self.backend) is None)
+        view = self._host_view()
+        if view is None and copy is False:
+            raise ValueError(
+                f"a DeviceArray on the {self.backend.name()} backend cannot be viewed by NumPy without a copy"
+            )
+        if view is None:
+            result = self._host_bytes()
+        else:
+            result = view.copy() if copy is True else view
         if dtype is not None and np.dtype(dtype) != result.dtype:
             return result.astype(dtype)
         return result
@@ -589,8 +403,8 @@ class DeviceArray:
     def copy_from(self, source: Any) -> None:
         """Overwrite the array's elements with ``source`` (broadcast to the shape, cast to the dtype).
 
-        Works for views and strided arrays too; on non-CPU backends a strided target is
-        updated by a read-modify-write of the bytes it spans.
+        Works for views and strided arrays too; where the memory is not host memory a
+        strided target is updated by a read-modify-write of the bytes it spans.
         """
         self._check_live()
         try:
@@ -599,36 +413,41 @@ class DeviceArray:
             raise InvalidArgumentError(f"cannot write {type(source).__name__} into {self}: {exc}") from exc
         if self.size == 0:
             return
-        if _dl.host_backend(self.backend) is not None:
-            self._host_view()[...] = data
+        view = self._host_view()
+        if view is not None:
+            view[...] = data
             return
         if self.is_contiguous:
-            self.backend.copy_htod(self._ptr, np.ascontiguousarray(data))
+            self.backend.copy_htod(self._ptr, np.ascontiguousarray(data).reshape(-1).view(np.uint8))
             return
-        lo, hi = _span(self._shape, self._strides, self.itemsize)
+        lo, hi = span(self._shape, self._strides, self.itemsize)
         raw = np.empty(hi - lo, np.uint8)
         self.backend.copy_dtoh(raw, self._ptr + lo)
         np.ndarray(self._shape, self._dtype, buffer=raw, offset=-lo, strides=self._strides)[...] = data
         self.backend.copy_htod(self._ptr + lo, raw)
 
     def copy(self) -> DeviceArray:
-        """A new C-contiguous array with the same data on the same backend."""
-        return asarray(
-            self.numpy(copy=False) if _dl.host_backend(self.backend) else self.numpy(), self.backend
-        )
+        """A new C-contiguous array with the same data on the same backend (copied on the device)."""
+        from ._movement import ascontiguousarray
+
+        return ascontiguousarray(self, copy=True)
 
     def to_device(self, backend: ComputeBackend) -> DeviceArray:
         """This array on ``backend``: itself if it is already there, else a copy."""
         if backend is self.backend:
             return self
-        return asarray(self.numpy(copy=_dl.host_backend(self.backend) is None), backend)
+        from ._create import asarray
+
+        return asarray(self, backend)
 
     # ------------------------------------------------------------------ DLPack
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        """``(device_type, device_id)``: ``(kDLCPU, 0)`` for the CPU backend and for
-        handle backends (whose export is a host copy); CUDA / ROCm report their device."""
-        return _dl.dlpack_device_of(self.backend)
+        """``(device_type, device_id)``: the backend's ``dlpack_device()``, or ``(kDLCPU, 0)``
+        for backends whose memory leaves the device only by copy (the export is a host copy)."""
+        from ._dlpack import dlpack_device_of
+
+        return dlpack_device_of(self.backend)
 
     def __dlpack__(
         self,
@@ -654,93 +473,72 @@ class DeviceArray:
             Requested device: None or the array's own device (``__dlpack_device__``),
             or ``(kDLCPU, 0)`` for a host copy of device memory.
         copy : bool, optional
-            None: zero-copy where possible (CPU and CUDA backends), else a host copy.
-            True: always a copy. False: never copy; raises :class:`BufferError` on
-            backends whose memory is a handle (OpenCL, wgpu).
+            None: zero-copy where possible (host memory, CUDA memory), else a host
+            copy. True: always a copy. False: never copy; raises :class:`BufferError`
+            on backends whose memory leaves the device only by copy (OpenCL, wgpu).
 
         Raises
         ------
         BufferError
             When the request cannot be met (a stream on a backend without streams, an
-            unsupported device, ``copy=False`` on a handle backend).
+            unsupported device, ``copy=False`` on a copy-only backend).
         """
-        self._check_live()
-        own = _dl.dlpack_device_of(self.backend)
-        cpu = (int(_dl.DLDeviceType.CPU), 0)
-        if dl_device is not None:
-            try:
-                requested = (int(dl_device[0]), int(dl_device[1]))
-            except (TypeError, ValueError, IndexError):
-                raise BufferError(
-                    f"dl_device must be a (device_type, device_id) pair, got {dl_device!r}"
-                ) from None
-            if requested not in (own, cpu):
-                raise BufferError(f"cannot export to DLPack device {dl_device!r}; this array is on {own}")
-            dl_device = requested
-        cuda = own != cpu
-        if stream is not None and not cuda:
-            raise BufferError(f"stream must be None for arrays on the {self.backend.name()} backend")
-        if _dl.host_backend(self.backend) is not None:
-            return self._host_view().__dlpack__(max_version=max_version, dl_device=dl_device, copy=copy)
-        if cuda and dl_device in (None, own):
-            return _dl.export_cuda(self, stream=stream, max_version=max_version, copy=copy)
-        if copy is False:
-            raise BufferError(
-                f"the {self.backend.name()} backend's memory is not host memory: this DLPack export "
-                "needs a host copy (copy=False is impossible)"
-            )
-        host = self.numpy(copy=True)
-        return host.__dlpack__(max_version=max_version, dl_device=dl_device, copy=False)
+        from ._dlpack import export
+
+        return export(self, stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        """The CUDA Array Interface (version 3) of an array on the CUDA / ROCm backend.
+        """The CUDA Array Interface (version 3) of an array in CUDA / ROCm memory.
 
         Absent (``AttributeError``) on every other backend. ``stream`` is 1: the backend
         works on the legacy default stream, so consumers order their work after it.
         """
-        if _dl.host_backend(self.backend) is not None or not _dl.is_cuda_like(self.backend):
-            raise AttributeError(f"arrays on the {self.backend.name()} backend are not CUDA memory")
-        self._check_live()
-        return {
-            "shape": self._shape,
-            "typestr": self._dtype.str,
-            "descr": self._dtype.descr,
-            "data": (self._ptr if self.size else 0, False),
-            "strides": None if self.is_contiguous else self._strides,
-            "version": 3,
-            "stream": 1,
-        }
+        from ._dlpack import cuda_array_interface
+
+        return cuda_array_interface(self)
 
     # ------------------------------------------------------------------ operators
+    # One backend call each (``broadcast_binary`` when the shapes differ); a Python
+    # number operand takes the array's dtype.
 
     def __matmul__(self, other: DeviceArray) -> DeviceArray:
-        from ._ops import matmul
+        from ._linalg import matmul
 
         return matmul(self, other)
 
-    def __add__(self, other: DeviceArray) -> DeviceArray:
-        from ._ops import add
+    def __add__(self, other: DeviceArray | float) -> DeviceArray:
+        return _binary("add", self, other)
 
-        return add(self, other)
+    def __radd__(self, other: float) -> DeviceArray:
+        return _binary("add", other, self)
 
-    def __sub__(self, other: DeviceArray) -> DeviceArray:
-        from ._ops import sub
+    def __sub__(self, other: DeviceArray | float) -> DeviceArray:
+        return _binary("sub", self, other)
 
-        return sub(self, other)
+    def __rsub__(self, other: float) -> DeviceArray:
+        return _binary("sub", other, self)
 
-    def __mul__(self, other: DeviceArray) -> DeviceArray:
-        from ._ops import mul
+    def __mul__(self, other: DeviceArray | float) -> DeviceArray:
+        return _binary("mul", self, other)
 
-        return mul(self, other)
+    def __rmul__(self, other: float) -> DeviceArray:
+        return _binary("mul", other, self)
 
-    def __truediv__(self, other: DeviceArray) -> DeviceArray:
-        from ._ops import div
+    def __truediv__(self, other: DeviceArray | float) -> DeviceArray:
+        return _binary("div", self, other)
 
-        return div(self, other)
+    def __rtruediv__(self, other: float) -> DeviceArray:
+        return _binary("div", other, self)
+
+    def __pow__(self, other: DeviceArray | float) -> DeviceArray:
+        return _binary("pow", self, other)
+
+    def __rpow__(self, other: float) -> DeviceArray:
+        return _binary("pow", other, self)
 
     def __neg__(self) -> DeviceArray:
-        from ._ops import neg
+        from ._elementwise import neg
 
         return neg(self)
 
@@ -748,96 +546,7 @@ class DeviceArray:
     __hash__ = object.__hash__
 
 
-# --------------------------------------------------------------------------- creation
+def _binary(op: str, a: DeviceArray | float, b: DeviceArray | float) -> DeviceArray:
+    from ._elementwise import binary
 
-
-def empty(shape: ShapeLike, backend: ComputeBackend, *, dtype: Any = "float32") -> DeviceArray:
-    """A new uninitialised C-contiguous array on ``backend``.
-
-    Parameters
-    ----------
-    shape : int or sequence of int
-        Dimensions (zero-size arrays are allowed; they still hold a valid pointer).
-    backend : ComputeBackend
-        An initialised backend.
-    dtype : dtype, optional
-        Element type (default float32).
-
-    Returns
-    -------
-    DeviceArray
-        An owning array (see :class:`DeviceArray` for when it is freed).
-    """
-    be = _check_backend(backend)
-    dims = _as_shape(shape)
-    dt = _as_dtype(dtype)
-    nbytes = math.prod(dims) * dt.itemsize
-    ptr = be.alloc(max(nbytes, dt.itemsize, 1))
-    try:
-        return DeviceArray._adopt(be, ptr, dims, dt)
-    except BaseException:
-        be.free(ptr)
-        raise
-
-
-def zeros(shape: ShapeLike, backend: ComputeBackend, *, dtype: Any = "float32") -> DeviceArray:
-    """A new array of zeros on ``backend`` (see :func:`empty`)."""
-    out = empty(shape, backend, dtype=dtype)
-    if out.nbytes:
-        out.backend.copy_htod(out.ptr, np.zeros(out.nbytes, np.uint8))
-    return out
-
-
-def asarray(obj: Any, backend: ComputeBackend, *, dtype: Any = None, copy: bool | None = None) -> DeviceArray:
-    """Copy host data (a NumPy array or anything ``numpy.asarray`` accepts) to ``backend``.
-
-    Parameters
-    ----------
-    obj : array_like or DeviceArray
-        The data. A DeviceArray already on ``backend`` with the requested dtype is
-        returned as it is unless ``copy=True``; one on another backend is transferred.
-    backend : ComputeBackend
-        An initialised backend.
-    dtype : dtype, optional
-        Element type of the result (default: the data's own).
-    copy : bool, optional
-        ``True`` forces a new allocation; ``False`` raises :class:`BufferError` if one
-        is needed. Host data is always copied (use :func:`~computehal.from_dlpack` to
-        borrow host memory).
-
-    Returns
-    -------
-    DeviceArray
-        A C-contiguous array.
-    """
-    be = _check_backend(backend)
-    if isinstance(obj, DeviceArray):
-        same = obj.backend is be and (dtype is None or np.dtype(dtype) == obj.dtype)
-        if same and copy is not True:
-            return obj
-        if copy is False:
-            raise BufferError("asarray(copy=False) would need a copy of this DeviceArray")
-        host = obj.numpy(copy=_dl.host_backend(obj.backend) is None)
-    else:
-        if copy is False:
-            raise BufferError("asarray copies host data; use computehal.from_dlpack to borrow it")
-        try:
-            host = np.asarray(obj, dtype=None if dtype is None else _as_dtype(dtype))
-        except (TypeError, ValueError) as exc:
-            raise InvalidArgumentError(f"cannot convert {type(obj).__name__} to an array: {exc}") from exc
-    if dtype is not None:
-        host = host.astype(_as_dtype(dtype), copy=False)
-    dt = _as_dtype(host.dtype)
-    out = empty(host.shape, be, dtype=dt)
-    try:
-        if host.size:
-            be.copy_htod(out.ptr, np.ascontiguousarray(host))
-    except BaseException:
-        out.free()
-        raise
-    return out
-
-
-def to_device(obj: Any, backend: ComputeBackend, *, dtype: Any = None) -> DeviceArray:
-    """Alias of :func:`asarray`: move host data (or another backend's array) to ``backend``."""
-    return asarray(obj, backend, dtype=dtype)
+    return binary(op, a, b)

@@ -49,7 +49,7 @@ from ..errors import (
     OutOfMemoryError,
     UnsupportedError,
 )
-from ..memory import ALIGNMENT, Allocation, AllocationInfo, PointerTable, Region, as_count, as_pointer
+from ..memory import Allocation, AllocationInfo, PointerTable, Region, as_count, as_pointer
 from ..types import Capabilities, TileShape
 
 __all__ = ["TableBackend", "guarded"]
@@ -232,6 +232,11 @@ class TableBackend(ComputeBackend):
     def is_initialized(self) -> bool:
         return self._initialized
 
+    @property
+    def device(self) -> int:
+        """The device ordinal this backend was constructed for (``device`` of the constructor)."""
+        return self._device_ordinal
+
     def _memory(self) -> PointerTable:
         """The pointer table, after checking that the backend is initialised."""
         if not self._initialized:
@@ -312,8 +317,6 @@ class TableBackend(ComputeBackend):
         base, size = as_pointer("address", address), as_count("nbytes", nbytes)
         if size == 0:
             raise InvalidArgumentError("nbytes must be >= 1")
-        if base % ALIGNMENT:
-            raise InvalidArgumentError(f"address = {base:#x} is not aligned to {ALIGNMENT} bytes")
         payload = self._borrow_payload(base, size, owner)
         table.insert(Allocation(base, size, payload, borrowed=True))
         return base
