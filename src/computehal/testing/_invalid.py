@@ -127,7 +127,8 @@ def _gemm_spec(ws: Workspace, method: str) -> CallSpec:
     if method == "gemm":
         spec.specific += [
             ("dtype-int32", {"dtype": "int32"}, _dtype_errors()),
-            ("dtype-float16", {"dtype": np.float16}, _dtype_errors()),
+            # float16 is a storage type a backend may take (through float32); float8 never is.
+            ("dtype-float8", {"dtype": "float8_e4m3fn"}, _dtype_errors()),
             ("dtype-garbage", {"dtype": "banana"}, InvalidArgumentError),
             ("dtype-none-like", {"dtype": object()}, _dtype_errors()),
         ]

@@ -20,11 +20,12 @@ NumPy ufuncs, BLAS and the compiled kernels release the GIL), so it uses every c
 
 from __future__ import annotations
 
-from ...backend import COMPUTE_OPS
+from ...backend import ALL_OPS
 from ...errors import InvalidArgumentError
 from ...memory import as_count
 from ._attention import AttentionOps
 from ._axis import AxisOps
+from ._cast import CastOps
 from ._conv import ConvOps
 from ._elementwise import ElementwiseOps
 from ._gemm import GemmOps
@@ -33,6 +34,8 @@ from ._runtime import cpu_name
 
 __all__ = ["CpuBackend"]
 
+#: The operations this backend implements (every one but those still to come).
+_OPS = tuple(op for op in ALL_OPS if op not in ("pool2d", "batch_norm", "layer_norm", "rms_norm", "lrn"))
 _F32 = frozenset({"float32"})
 _F32_F64 = frozenset({"float32", "float64"})
 _FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
@@ -50,7 +53,7 @@ def _block(name: str, value: object) -> int:
     return block
 
 
-class CpuBackend(GemmOps, ConvOps, AttentionOps, AxisOps, ElementwiseOps, MovementOps):
+class CpuBackend(GemmOps, ConvOps, AttentionOps, AxisOps, ElementwiseOps, CastOps, MovementOps):
     """The host CPU: exact reference semantics at BLAS speed.
 
     Parameters
@@ -87,8 +90,8 @@ class CpuBackend(GemmOps, ConvOps, AttentionOps, AxisOps, ElementwiseOps, Moveme
         self._block_kv = block_kv
 
     def _native_dtypes(self) -> dict[str, frozenset[str]]:
-        table = {op: _F32 for op in COMPUTE_OPS}
-        table.update(gemm=_F32_F64, batched_gemm=_F32_F64, copy_dtod=_BYTES, fill=_FLOATS)
+        table = {op: _F32_F64 for op in _OPS}
+        table.update(gemm_mixed_precision=_F32, copy_dtod=_BYTES, fill=_FLOATS, cast=_FLOATS)
         return table
 
 

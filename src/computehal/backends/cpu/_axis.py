@@ -13,7 +13,6 @@ import numpy as np
 
 from ... import validation as v
 from ...types import ReduceOp
-from .._common import refuse_extensions
 from ._plumbing import CpuPlumbing, FloatArray
 from ._runtime import PARALLEL_THRESHOLD, kernels, parallel_ranges, workers
 
@@ -50,39 +49,45 @@ def _compiled(p: v.AxisProblem, size: int) -> Any:
     return kernels("_kmath")
 
 
-def _softmax_columns(x: FloatArray, out: FloatArray) -> None:
-    """Softmax down the columns (axis 0) of a [length, width] row-major panel; ``out`` may be ``x``.
+def _softmax_columns(x: FloatArray, out: FloatArray, log: bool) -> None:
+    """(Log-)softmax down the columns (axis 0) of a [length, width] row-major panel.
 
-    Three passes of contiguous rows: the column maxima, then ``exp(x - max)`` written to
-    ``out`` block by block (each block summed while it is in cache), then the division.
+    Three passes of contiguous rows: the column maxima, then ``exp(x - max)`` block by
+    block (each block summed while it is in cache), then the division (or, for
+    log-softmax, the subtraction of the sums' logarithms). ``out`` does not overlap ``x``.
     """
     length, width = x.shape
     peak = np.fmax.reduce(x, axis=0, initial=-np.inf)
     total = np.zeros(width, dtype=x.dtype)
     rows = max(1, AXIS_BLOCK // width)
-    with np.errstate(invalid="ignore", over="ignore"):
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         for r0 in range(0, length, rows):
             block = out[r0 : r0 + rows]
             np.subtract(x[r0 : r0 + rows], peak, out=block)
-            np.exp(block, out=block)
-            total += np.add.reduce(block, axis=0)
+            total += np.add.reduce(np.exp(block) if log else np.exp(block, out=block), axis=0)
+        if log:
+            np.log(total, out=total)
         for r0 in range(0, length, rows):
             block = out[r0 : r0 + rows]
-            np.divide(block, total, out=block)
+            (np.subtract if log else np.divide)(block, total, out=block)
 
 
-def _softmax_slices(x: FloatArray, out: FloatArray) -> None:
-    """Softmax over axis 1 of [outer, length, inner] views; ``out`` may be ``x``."""
+def _softmax_slices(x: FloatArray, out: FloatArray, log: bool) -> None:
+    """(Log-)softmax over axis 1 of [outer, length, inner] views; ``out`` does not overlap ``x``."""
     peak = np.fmax.reduce(x, axis=1, initial=-np.inf, keepdims=True)
-    with np.errstate(invalid="ignore", over="ignore"):
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         np.subtract(x, peak, out=out)
+        if log:
+            total = np.add.reduce(np.exp(out), axis=1, keepdims=True)
+            np.subtract(out, np.log(total, out=total), out=out)
+            return
         np.exp(out, out=out)
         total = np.add.reduce(out, axis=1, keepdims=True)
         np.divide(out, total, out=out)
 
 
 class AxisOps(CpuPlumbing):
-    """``reduce`` and ``softmax``."""
+    """``reduce`` and ``softmax`` (and log-softmax)."""
 
     def _exec_reduce(self, p: v.AxisProblem) -> None:
         dt = p.dtype
@@ -133,11 +138,10 @@ class AxisOps(CpuPlumbing):
                     np.divide(out, out.dtype.type(p.length), out=out)
 
     def _exec_softmax(self, p: v.AxisProblem) -> None:
-        refuse_extensions("cpu", "softmax", p)
         dt = p.dtype
         x = self._array(p.input, (p.outer, p.length, p.inner), dt)
         out = self._array(p.output, (p.outer, p.length, p.inner), dt)
-        compiled = _compiled(p, x.size)
+        compiled = None if p.log else _compiled(p, x.size)
         if compiled is not None:
             self._softmax_compiled(compiled, p, x, out)
             return
@@ -148,7 +152,7 @@ class AxisOps(CpuPlumbing):
 
             def run(start: int, stop: int) -> None:
                 for o0, o1, i0, i1 in blocks[start:stop]:
-                    _softmax_slices(x[o0:o1, :, i0:i1], out[o0:o1, :, i0:i1])
+                    _softmax_slices(x[o0:o1, :, i0:i1], out[o0:o1, :, i0:i1], p.log)
 
             parallel_ranges(len(blocks), run, grain=max(1, PARALLEL_THRESHOLD // per_block))
             return
@@ -161,7 +165,7 @@ class AxisOps(CpuPlumbing):
 
         def run_panels(start: int, stop: int) -> None:
             for o, i0, i1 in panels[start:stop]:
-                _softmax_columns(x[o, :, i0:i1], out[o, :, i0:i1])
+                _softmax_columns(x[o, :, i0:i1], out[o, :, i0:i1], p.log)
 
         parallel_ranges(len(panels), run_panels, grain=max(1, PARALLEL_THRESHOLD // (p.length * width)))
 

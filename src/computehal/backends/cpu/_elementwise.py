@@ -1,55 +1,170 @@
 """Element-wise operations on the CPU: NumPy ufuncs with ``out=``, split over the worker threads.
 
-float32 exp, log, tanh and sigmoid use the compiled kernels of :mod:`._kmath` (NumPy's
-float32 transcendentals run several times slower than memory).
+Multi-pass functions (GELU, SiLU, sigmoid, ...) run every pass on cache-sized blocks
+through a per-thread scratch block, so memory sees one read and one write per element
+and the input may be the output. float32 exp, log, tanh and sigmoid use the compiled
+kernels of :mod:`._kmath` (NumPy's float32 transcendentals run several times slower
+than memory). Broadcasting views each operand with stride 0 along its broadcast
+dimensions (:mod:`._strided`), so no operand is ever expanded in memory.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
+import scipy.special
 
 from ... import validation as v
 from ...types import BinaryOp, UnaryOp
-from .._common import refuse_extensions
-from ._axis import AXIS_BLOCK, KERNEL_THRESHOLD
 from ._plumbing import CpuPlumbing, FloatArray
-from ._runtime import PARALLEL_THRESHOLD, kernels, parallel_ranges
+from ._runtime import kernels, parallel_ranges
+from ._strided import simplify, split_run, strided_view
 
 __all__ = ["ElementwiseOps"]
 
+#: Elements per block of a multi-pass element-wise function (several blocks fit in L2).
+BLOCK = 1 << 13
+#: float32 problems below this many elements stay on NumPy (no kernel dispatch).
+KERNEL_THRESHOLD = 1 << 12
 
-def _relu(x: FloatArray, out: FloatArray) -> object:
-    return np.fmax(x, x.dtype.type(0), out=out)
+#: A unary function on one block: ``fn(x, out, tmp, problem)``; ``out`` may be ``x``,
+#: ``tmp`` is scratch of the same length.
+Block = Callable[[FloatArray, FloatArray, FloatArray, v.ElementwiseProblem], None]
+
+_SQRT_HALF = 1.0 / math.sqrt(2.0)
+_GELU_TANH_K = math.sqrt(2.0 / math.pi)
+_GELU_TANH_C = 0.044715
 
 
-def _sigmoid(x: FloatArray, out: FloatArray) -> None:
+def _c(x: FloatArray, value: float) -> Any:
+    """``value`` as a scalar of ``x``'s dtype."""
+    return x.dtype.type(value)
+
+
+def _f32_kernel(x: FloatArray, name: str) -> Callable[[FloatArray, FloatArray], None] | None:
+    """The compiled float32 kernel ``name`` for ``x``, when it applies."""
+    if x.dtype != np.float32 or x.size < KERNEL_THRESHOLD // 4:
+        return None
+    compiled = kernels("_kmath")
+    kernel: Callable[[FloatArray, FloatArray], None] | None = (
+        None if compiled is None else getattr(compiled, name)
+    )
+    return kernel
+
+
+def _sigmoid_into(x: FloatArray, out: FloatArray) -> None:
+    kernel = _f32_kernel(x, "sigmoid_into")
+    if kernel is not None:
+        kernel(x, out)
+        return
     # 1 / (1 + exp(-x)): exp overflows to inf for very negative x, giving exactly 0.
     np.negative(x, out=out)
     np.exp(out, out=out)
-    np.add(out, out.dtype.type(1), out=out)
+    np.add(out, _c(out, 1), out=out)
     np.reciprocal(out, out=out)
 
 
-_UNARY: dict[UnaryOp, Callable[..., object]] = {
+def _tanh_into(x: FloatArray, out: FloatArray) -> None:
+    kernel = _f32_kernel(x, "tanh_into")
+    if kernel is not None:
+        kernel(x, out)
+    else:
+        np.tanh(x, out=out)
+
+
+def _sigmoid(x: FloatArray, out: FloatArray, tmp: FloatArray, p: v.ElementwiseProblem) -> None:
+    _sigmoid_into(x, out)
+
+
+def _gelu(x: FloatArray, out: FloatArray, tmp: FloatArray, p: v.ElementwiseProblem) -> None:
+    # 0.5 * x * (1 + erf(x / sqrt(2)))
+    np.multiply(x, _c(x, _SQRT_HALF), out=tmp)
+    scipy.special.erf(tmp, out=tmp)
+    np.add(tmp, _c(x, 1), out=tmp)
+    np.multiply(tmp, x, out=tmp)
+    np.multiply(tmp, _c(x, 0.5), out=out)
+
+
+def _gelu_tanh(x: FloatArray, out: FloatArray, tmp: FloatArray, p: v.ElementwiseProblem) -> None:
+    # 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3)))
+    np.multiply(x, x, out=tmp)
+    np.multiply(tmp, x, out=tmp)
+    np.multiply(tmp, _c(x, _GELU_TANH_C), out=tmp)
+    np.add(tmp, x, out=tmp)
+    np.multiply(tmp, _c(x, _GELU_TANH_K), out=tmp)
+    _tanh_into(tmp, tmp)
+    np.add(tmp, _c(x, 1), out=tmp)
+    np.multiply(tmp, x, out=tmp)
+    np.multiply(tmp, _c(x, 0.5), out=out)
+
+
+def _silu(x: FloatArray, out: FloatArray, tmp: FloatArray, p: v.ElementwiseProblem) -> None:
+    _sigmoid_into(x, tmp)
+    np.multiply(x, tmp, out=out)
+
+
+def _leaky_relu(x: FloatArray, out: FloatArray, tmp: FloatArray, p: v.ElementwiseProblem) -> None:
+    # x if x >= 0 else alpha * x (NaN: alpha * NaN = NaN)
+    keep = np.greater_equal(x, _c(x, 0))
+    np.multiply(x, _c(x, p.alpha), out=tmp)
+    np.copyto(tmp, x, where=keep)
+    np.copyto(out, tmp)
+
+
+def _clip(x: FloatArray, out: FloatArray, tmp: FloatArray, p: v.ElementwiseProblem) -> None:
+    # min(max(x, lo), hi); NaN propagates (maximum / minimum, not fmax / fmin).
+    np.maximum(x, _c(x, p.lo), out=out)
+    np.minimum(out, _c(x, p.hi), out=out)
+
+
+def _ufunc(fn: Callable[..., object], kernel: str | None = None) -> Block:
+    """A one-pass function from a ufunc (and, for float32, a compiled kernel)."""
+
+    def apply(x: FloatArray, out: FloatArray, tmp: FloatArray, p: v.ElementwiseProblem) -> None:
+        compiled = _f32_kernel(x, kernel) if kernel is not None else None
+        if compiled is not None:
+            compiled(x, out)
+        else:
+            fn(x, out=out)
+
+    return apply
+
+
+def _relu(x: FloatArray, out: FloatArray, tmp: FloatArray, p: v.ElementwiseProblem) -> None:
+    np.fmax(x, _c(x, 0), out=out)  # NaN -> 0
+
+
+_UNARY: dict[UnaryOp, Block] = {
     UnaryOp.RELU: _relu,
     UnaryOp.SIGMOID: _sigmoid,
-    UnaryOp.TANH: np.tanh,
-    UnaryOp.EXP: np.exp,
-    UnaryOp.LOG: np.log,
-    UnaryOp.SQRT: np.sqrt,
-    UnaryOp.ABS: np.abs,
-    UnaryOp.NEG: np.negative,
+    UnaryOp.TANH: _ufunc(np.tanh, "tanh_into"),
+    UnaryOp.EXP: _ufunc(np.exp, "exp_into"),
+    UnaryOp.LOG: _ufunc(np.log, "log_into"),
+    UnaryOp.SQRT: _ufunc(np.sqrt),
+    UnaryOp.ABS: _ufunc(np.abs),
+    UnaryOp.NEG: _ufunc(np.negative),
+    UnaryOp.GELU: _gelu,
+    UnaryOp.GELU_TANH: _gelu_tanh,
+    UnaryOp.SILU: _silu,
+    UnaryOp.ERF: _ufunc(scipy.special.erf),
+    UnaryOp.RECIPROCAL: _ufunc(np.reciprocal),
+    UnaryOp.SQUARE: _ufunc(np.square),
+    UnaryOp.SIN: _ufunc(np.sin),
+    UnaryOp.COS: _ufunc(np.cos),
+    UnaryOp.LEAKY_RELU: _leaky_relu,
+    UnaryOp.CLIP: _clip,
 }
 
-#: Unary ops with a compiled float32 kernel (attribute of :mod:`._kmath`).
-_UNARY_KERNELS = {
-    UnaryOp.EXP: "exp_into",
-    UnaryOp.LOG: "log_into",
-    UnaryOp.TANH: "tanh_into",
-    UnaryOp.SIGMOID: "sigmoid_into",
-}
+#: Functions of one pass over memory: no blocking needed.
+_ONE_PASS = frozenset(
+    {
+        UnaryOp.RELU, UnaryOp.TANH, UnaryOp.EXP, UnaryOp.LOG, UnaryOp.SQRT, UnaryOp.ABS, UnaryOp.NEG,
+        UnaryOp.ERF, UnaryOp.RECIPROCAL, UnaryOp.SQUARE, UnaryOp.SIN, UnaryOp.COS,
+    }
+)  # fmt: skip
 
 _BINARY: dict[BinaryOp, Callable[..., object]] = {
     BinaryOp.ADD: np.add,
@@ -58,61 +173,49 @@ _BINARY: dict[BinaryOp, Callable[..., object]] = {
     BinaryOp.DIV: np.divide,
     BinaryOp.MAX: np.fmax,
     BinaryOp.MIN: np.fmin,
+    BinaryOp.POW: np.power,
 }
 
 
 class ElementwiseOps(CpuPlumbing):
-    """``unary`` and ``binary``."""
+    """``unary``, ``binary`` and ``broadcast_binary``."""
 
-    def _elementwise(
-        self,
-        p: v.ElementwiseProblem,
-        apply: Callable[..., object],
-        block: int = 0,
-        kernel: Callable[[FloatArray, FloatArray], None] | None = None,
-    ) -> None:
-        """Run ``apply(*inputs, out=out)`` over the problem, split across threads when large.
-
-        ``block`` > 0 also cuts each thread's range into blocks of that many elements, so
-        that multi-pass operations (sigmoid) run every pass on cache-resident data.
-        ``kernel(x, out)``, a compiled unary kernel, replaces ``apply``. Inputs are the
-        output itself or do not overlap it (the dispatcher copies others aside).
-        """
-        a = self._flat(p.a, p.dtype)
-        out = self._flat(p.out, p.dtype)
-        operands = [a] if p.b is None else [a, self._flat(p.b, p.dtype)]
-        if p.n < PARALLEL_THRESHOLD:
-            with np.errstate(all="ignore"):
-                apply(*operands, out=out)
-            return
-        if kernel is not None:
-            compiled = kernel
-
-            def run_kernel(start: int, stop: int) -> None:
-                compiled(a[start:stop], out[start:stop])
-
-            parallel_ranges(p.n, run_kernel)
-            return
-        step = block if block > 0 else p.n
+    def _exec_unary(self, p: v.ElementwiseProblem) -> None:
+        assert isinstance(p.op, UnaryOp)
+        fn = _UNARY[p.op]
+        x, out = self._flat(p.a, p.dtype), self._flat(p.out, p.dtype)
+        step = p.n if p.op in _ONE_PASS else BLOCK
 
         def run(start: int, stop: int) -> None:
+            tmp = np.empty(0 if p.op in _ONE_PASS else min(step, stop - start), dtype=p.dtype)
             with np.errstate(all="ignore"):
                 for lo in range(start, stop, step):
                     hi = min(stop, lo + step)
-                    apply(*(x[lo:hi] for x in operands), out=out[lo:hi])
+                    fn(x[lo:hi], out[lo:hi], tmp[: hi - lo], p)
 
         parallel_ranges(p.n, run)
 
-    def _exec_unary(self, p: v.ElementwiseProblem) -> None:
-        refuse_extensions("cpu", "unary", p)
-        assert isinstance(p.op, UnaryOp)
-        kernel = None
-        if p.op in _UNARY_KERNELS and p.dtype == np.float32 and p.n >= KERNEL_THRESHOLD:
-            compiled = kernels("_kmath")
-            kernel = None if compiled is None else getattr(compiled, _UNARY_KERNELS[p.op])
-        self._elementwise(p, _UNARY[p.op], block=AXIS_BLOCK if p.op is UnaryOp.SIGMOID else 0, kernel=kernel)
-
     def _exec_binary(self, p: v.ElementwiseProblem) -> None:
-        refuse_extensions("cpu", "binary", p)
-        assert isinstance(p.op, BinaryOp)
-        self._elementwise(p, _BINARY[p.op])
+        assert isinstance(p.op, BinaryOp) and p.b is not None
+        fn = _BINARY[p.op]
+        a, b, out = (self._flat(r, p.dtype) for r in (p.a, p.b, p.out))
+
+        def run(start: int, stop: int) -> None:
+            with np.errstate(all="ignore"):
+                fn(a[start:stop], b[start:stop], out=out[start:stop])
+
+        parallel_ranges(p.n, run)
+
+    def _exec_broadcast_binary(self, p: v.BroadcastProblem) -> None:
+        fn = _BINARY[p.op]
+        contiguous = [math.prod(p.shape[i + 1 :]) for i in range(len(p.shape))]
+        shape, (sa, sb, so) = simplify(p.shape, (p.a_strides, p.b_strides, contiguous))
+        a = strided_view(self._flat(p.a, p.dtype), 0, shape, sa)
+        b = strided_view(self._flat(p.b, p.dtype), 0, shape, sb)
+        out = strided_view(self._flat(p.out, p.dtype), 0, shape, so)
+
+        def run(index: tuple[slice, ...]) -> None:
+            with np.errstate(all="ignore"):
+                fn(a[index], b[index], out=out[index])
+
+        split_run(shape, 0, run)

@@ -1,52 +1,104 @@
-"""Data movement on the CPU: device copies, fills, strided copies, row gather and scatter."""
+"""Data movement on the CPU: device copies, fills, strided copies, row gather and scatter.
+
+Copies are bit copies through unsigned-integer views, so NaN payloads survive. Large
+problems split over the worker threads.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
 
 from ... import validation as v
-from .._common import refuse_extensions
+from ...errors import InvalidArgumentError
+from ._cast import rounded_scalar
 from ._plumbing import CpuPlumbing
 from ._runtime import PARALLEL_THRESHOLD, parallel_ranges
+from ._strided import copy_layout, simplify
 
 __all__ = ["MovementOps"]
 
+#: The unsigned type of each element size: strided copies move bits, not values.
+_BITS: dict[int, np.dtype[Any]] = {
+    1: np.dtype(np.uint8),
+    2: np.dtype(np.uint16),
+    4: np.dtype(np.uint32),
+    8: np.dtype(np.uint64),
+}
+#: Bytes per thread share of a plain copy or fill.
+_COPY_GRAIN = 1 << 20
+
 
 class MovementOps(CpuPlumbing):
-    """``copy_dtod``, ``fill``, ``gather`` and ``scatter``."""
+    """``copy_dtod``, ``fill``, ``copy_strided``, ``gather`` and ``scatter``."""
 
     def _exec_copy_dtod(self, p: v.CopyProblem) -> None:
-        self._bytes(p.dst)[:] = self._bytes(p.src)
-
-    def _exec_fill(self, p: v.FillProblem) -> None:
-        with np.errstate(over="ignore"):
-            self._flat(p.region, p.dtype)[:] = np.asarray(p.value, dtype=np.float64).astype(p.dtype)
-
-    def _exec_gather(self, p: v.RowsProblem) -> None:
-        refuse_extensions("cpu", "gather", p)
-        indices = p.indices
-        assert indices is not None
-        if p.cols == 0:
+        src, dst = self._bytes(p.src), self._bytes(p.dst)
+        if p.src.overlaps(p.dst):
+            dst[:] = src  # the very same range (NumPy copies any other overlap through a buffer)
             return
-        table = self._array(p.input, (p.rows, p.cols), p.dtype)
-        out = self._array(p.output, (indices.size, p.cols), p.dtype)
 
         def run(start: int, stop: int) -> None:
-            # The indices were validated; mode="clip" lets take() write straight into
+            np.copyto(dst[start:stop], src[start:stop])
+
+        parallel_ranges(p.nbytes, run, grain=_COPY_GRAIN)
+
+    def _exec_fill(self, p: v.FillProblem) -> None:
+        out = self._flat(p.region, p.dtype)[: p.count]
+        value = rounded_scalar(p.value, p.dtype)
+
+        def run(start: int, stop: int) -> None:
+            out[start:stop] = value
+
+        parallel_ranges(p.count, run, grain=max(1, _COPY_GRAIN // p.dtype.itemsize))
+
+    def _exec_copy_strided(self, p: v.StridedProblem) -> None:
+        bits = _BITS[p.dtype.itemsize]
+        layout = simplify(p.shape, (p.src_strides, p.dst_strides))
+        copy_layout(self._flat(p.src, bits), p.src_origin, self._flat(p.dst, bits), p.dst_origin, layout)
+
+    # ------------------------------------------------------------------ gather / scatter
+
+    def _indices(self, p: v.RowsProblem) -> npt.NDArray[Any]:
+        """The problem's indices: the validated host copy, or a checked private copy of device ones."""
+        if p.indices is not None:
+            return p.indices
+        assert p.index is not None and p.index_dtype is not None
+        # Copied first, then checked and used: another thread may write the device indices.
+        indices = self._flat(p.index, p.index_dtype)[: p.count].copy()
+        if indices.size:
+            low, high = int(indices.min()), int(indices.max())
+            if low < 0:
+                raise InvalidArgumentError(f"index {low} is negative")
+            if high >= p.rows:
+                raise InvalidArgumentError(f"index {high} is out of range for {p.rows} rows")
+        return indices
+
+    def _exec_gather(self, p: v.RowsProblem) -> None:
+        indices = self._indices(p)
+        if p.cols == 0 or indices.size == 0:
+            return
+        bits = _BITS[p.dtype.itemsize]
+        table = self._array(p.input, (p.rows, p.cols), bits)
+        out = self._array(p.output, (indices.size, p.cols), bits)
+
+        def run(start: int, stop: int) -> None:
+            # The indices were checked; mode="clip" lets take() write straight into
             # `out` (mode="raise" buffers the whole result and copies it again).
             np.take(table, indices[start:stop], axis=0, out=out[start:stop], mode="clip")
 
         parallel_ranges(indices.size, run, grain=max(1, PARALLEL_THRESHOLD // p.cols))
 
     def _exec_scatter(self, p: v.RowsProblem) -> None:
-        refuse_extensions("cpu", "scatter", p)
-        indices = p.indices
-        assert indices is not None
+        indices = self._indices(p)
         if indices.size == 0 or p.cols == 0:
             return
-        src = self._array(p.input, (indices.size, p.cols), p.dtype)
-        out = self._array(p.output, (p.rows, p.cols), p.dtype)
-        destinations, sources = v.last_occurrences(indices)
+        bits = _BITS[p.dtype.itemsize]
+        src = self._array(p.input, (indices.size, p.cols), bits)
+        out = self._array(p.output, (p.rows, p.cols), bits)
+        destinations, sources = v.last_occurrences(indices.astype(np.int64, copy=False))
         grain = max(1, PARALLEL_THRESHOLD // p.cols)
         if destinations.size == indices.size:
             # Distinct rows: every source row lands once, in any order.
@@ -58,7 +110,7 @@ class MovementOps(CpuPlumbing):
         chunk = max(1, min(256, (1 << 16) // p.cols))
 
         def run(start: int, stop: int) -> None:
-            buffer = np.empty((min(chunk, stop - start), p.cols), dtype=p.dtype)
+            buffer = np.empty((min(chunk, stop - start), p.cols), dtype=bits)
             for lo in range(start, stop, chunk):
                 hi = min(stop, lo + chunk)
                 rows = buffer[: hi - lo]

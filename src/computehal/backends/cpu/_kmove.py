@@ -1,0 +1,66 @@
+"""Compiled data-movement kernels of the CPU backend (numba): the tiled 2-D transposing copy.
+
+NumPy copies a transposed view element by element in the destination's order, so one of
+the two operands is walked with a large stride and every element costs a cache miss.
+:func:`copy_tiled` copies square tiles instead, so that both operands stay in L1 while
+a tile is moved. Any element type numba knows works (the kernels are bit copies).
+"""
+
+# Function bodies are numba nopython code, which mypy cannot type.
+# mypy: ignore-errors
+
+from __future__ import annotations
+
+from typing import Any
+
+import numba
+import numpy as np
+
+__all__ = ["TILE", "copy_tiled", "warm_up"]
+
+#: Edge of a tile (elements): two tiles of float32 take 32 KiB, the size of L1.
+TILE = 64
+
+
+def _jit(fn: Any) -> Any:
+    options: dict[str, Any] = dict(nogil=True, error_model="numpy")
+    try:
+        return numba.njit(cache=True, **options)(fn)
+    except RuntimeError:  # no writable cache location
+        return numba.njit(cache=False, **options)(fn)
+
+
+@_jit
+def copy_tiled(
+    src: Any,
+    s_at: int,
+    s_row: int,
+    s_col: int,
+    dst: Any,
+    d_at: int,
+    d_row: int,
+    d_col: int,
+    rows: int,
+    cols: int,
+) -> None:
+    """``dst[d_at + i*d_row + j*d_col] = src[s_at + i*s_row + j*s_col]`` over a rows x cols grid.
+
+    ``src`` and ``dst`` are 1-D arrays of the same element type; strides are in elements
+    and may be negative or zero (source only). Tile by tile, so both stay in L1.
+    """
+    for i0 in range(0, rows, TILE):
+        i1 = min(rows, i0 + TILE)
+        for j0 in range(0, cols, TILE):
+            j1 = min(cols, j0 + TILE)
+            for i in range(i0, i1):
+                s = s_at + i * s_row
+                d = d_at + i * d_row
+                for j in range(j0, j1):
+                    dst[d + j * d_col] = src[s + j * s_col]
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's cache) the kernel for every element size it takes."""
+    for dtype in (np.uint16, np.uint32, np.uint64):
+        a = np.zeros(4, dtype=dtype)
+        copy_tiled(a, 0, 2, 1, a.copy(), 0, 1, 2, 2, 2)

@@ -1,0 +1,137 @@
+"""Strided copies and broadcast views: dimension simplification and thread splitting.
+
+A strided problem (a shape and, per operand, element strides over it) is first
+simplified: dimensions of extent 1 go, and neighbours that every operand walks as one
+(``stride[i] == stride[i + 1] * shape[i + 1]``) merge. What remains is usually one to
+three dimensions, which NumPy iterates with long inner loops, or which the tiled kernel
+of :mod:`._kmove` copies when the copy transposes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ._plumbing import FloatArray
+from ._runtime import PARALLEL_THRESHOLD, kernels, parallel_ranges, workers
+
+__all__ = ["Layout", "simplify", "strided_view", "split_run", "copy_layout"]
+
+#: Both edges of a transposed block at least this long: the tiled kernel beats NumPy.
+TILED_MIN = 32
+
+Layout = tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]
+
+
+def simplify(shape: Sequence[int], strides: Sequence[Sequence[int]]) -> Layout:
+    """Drop extent-1 dimensions and merge neighbours that every operand walks contiguously.
+
+    Returns ``(shape, per-operand strides)``; an empty shape means one element.
+    """
+    dims = [(e, tuple(s[i] for s in strides)) for i, e in enumerate(shape) if e != 1]
+    merged: list[tuple[int, tuple[int, ...]]] = []
+    for extent, steps in dims:
+        if merged:
+            prev_extent, prev_steps = merged[-1]
+            if all(p == q * extent for p, q in zip(prev_steps, steps, strict=True)):
+                merged[-1] = (prev_extent * extent, steps)
+                continue
+        merged.append((extent, steps))
+    out_shape = tuple(e for e, _ in merged)
+    out_strides = tuple(tuple(steps[k] for _, steps in merged) for k in range(len(strides)))
+    return out_shape, out_strides
+
+
+def strided_view(flat: FloatArray, origin: int, shape: Sequence[int], strides: Sequence[int]) -> FloatArray:
+    """A view of ``flat`` with element ``[0, ..., 0]`` at ``origin`` (strides in elements)."""
+    size = flat.dtype.itemsize
+    return np.lib.stride_tricks.as_strided(
+        flat[origin:], shape=tuple(shape), strides=tuple(s * size for s in strides)
+    )
+
+
+def split_run(shape: tuple[int, ...], axis: int, run: Callable[[tuple[slice, ...]], None]) -> None:
+    """Call ``run(index)`` on slabs of ``shape`` along ``axis``, split over the worker threads."""
+    total = math.prod(shape)
+    extent = shape[axis] if shape else 1
+    grain = max(1, PARALLEL_THRESHOLD * extent // max(1, total))
+
+    def part(start: int, stop: int) -> None:
+        index = [slice(None)] * len(shape)
+        if shape:
+            index[axis] = slice(start, stop)
+        run(tuple(index))
+
+    parallel_ranges(extent, part, grain=grain)
+
+
+def _split_axis(shape: tuple[int, ...], inner: int) -> int:
+    """The axis to split threads over: the longest one other than ``inner`` (when there is one)."""
+    if len(shape) <= 1:
+        return 0
+    return max((e, -i, i) for i, e in enumerate(shape) if i != inner)[2]
+
+
+def copy_layout(src: FloatArray, src_origin: int, dst: FloatArray, dst_origin: int, layout: Layout) -> None:
+    """``dst`` view = ``src`` view for a simplified layout (1-D arrays of one bit-copy type)."""
+    shape, (ss, ds) = layout
+    inner = int(np.argmin([abs(s) for s in ds])) if shape else 0
+    source_inner = int(np.argmin([abs(s) for s in ss])) if shape else 0
+    tiled = (
+        len(shape) >= 2
+        and source_inner != inner
+        and abs(ss[source_inner]) < abs(ss[inner])
+        and min(shape[inner], shape[source_inner]) >= TILED_MIN
+    )
+    compiled = kernels("_kmove") if tiled else None
+    if compiled is not None:
+        _copy_tiled(compiled, src, src_origin, dst, dst_origin, layout, source_inner, inner)
+        return
+    src_view = strided_view(src, src_origin, shape, ss)
+    dst_view = strided_view(dst, dst_origin, shape, ds)
+
+    def run(index: tuple[slice, ...]) -> None:
+        np.copyto(dst_view[index], src_view[index])
+
+    split_run(shape, _split_axis(shape, inner), run)
+
+
+def _copy_tiled(
+    compiled: Any,
+    src: FloatArray,
+    src_origin: int,
+    dst: FloatArray,
+    dst_origin: int,
+    layout: Layout,
+    rows: int,
+    cols: int,
+) -> None:
+    """The tiled kernel over the (``rows``, ``cols``) plane, for every index of the other axes."""
+    shape, (ss, ds) = layout
+    others = [i for i in range(len(shape)) if i not in (rows, cols)]
+    outer = [
+        (
+            src_origin + sum(k * ss[a] for k, a in zip(index, others, strict=True)),
+            dst_origin + sum(k * ds[a] for k, a in zip(index, others, strict=True)),
+        )
+        for index in np.ndindex(*(shape[a] for a in others))
+    ]
+    # Threads take whole planes, or bands of rows of a plane when planes are few.
+    n_rows, plane = shape[rows], shape[rows] * shape[cols]
+    bands = 1 if len(outer) >= 2 * workers() else max(1, min(n_rows // TILED_MIN, 2 * workers()))
+
+    def run(start: int, stop: int) -> None:
+        for t in range(start, stop):
+            which, band = divmod(t, bands)
+            s_at, d_at = outer[which]
+            r0, r1 = n_rows * band // bands, n_rows * (band + 1) // bands
+            compiled.copy_tiled(
+                src, s_at + r0 * ss[rows], ss[rows], ss[cols],
+                dst, d_at + r0 * ds[rows], ds[rows], ds[cols], r1 - r0, shape[cols],
+            )  # fmt: skip
+
+    tasks = len(outer) * bands
+    parallel_ranges(tasks, run, grain=tasks if plane * len(outer) < PARALLEL_THRESHOLD else 1)

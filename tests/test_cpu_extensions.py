@@ -1,0 +1,410 @@
+"""The CPU backend's extension operations against NumPy definitions.
+
+Data movement, casts, broadcasting, the extension element-wise ops and log-softmax, at
+shapes that reach each code path of the CPU backend (NumPy and compiled kernels, one
+thread and several). Semantics are those documented in ``computehal.backend``; the
+conformance kit checks them on every backend, these tests pin the CPU's own paths.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import numpy.typing as npt
+import pytest
+import scipy.special
+
+from computehal import InvalidArgumentError
+from computehal.backends.cpu import CpuBackend
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+FLOATS = [np.dtype(np.float16), BF16, np.dtype(np.float32), np.dtype(np.float64)]
+RNG = np.random.default_rng(1234)
+
+
+@pytest.fixture(scope="module")
+def be() -> Iterator[CpuBackend]:
+    backend = CpuBackend()
+    backend.init()
+    yield backend
+    backend.close()
+
+
+def put(be: CpuBackend, array: npt.ArrayLike) -> int:
+    data = np.ascontiguousarray(array)
+    ptr = be.alloc(max(1, data.nbytes))
+    if data.nbytes:
+        be.copy_htod(ptr, data.reshape(-1).view(np.uint8))
+    return ptr
+
+
+def get(be: CpuBackend, ptr: int, shape: tuple[int, ...], dtype: Any) -> npt.NDArray[Any]:
+    out = np.empty(shape, dtype=dtype)
+    if out.nbytes:
+        be.copy_dtoh(out.reshape(-1).view(np.uint8), ptr)
+    return out
+
+
+def bits(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    return a.view(f"u{a.dtype.itemsize}")
+
+
+# --------------------------------------------------------------------------- copy_strided
+
+
+STRIDED_CASES = [
+    # (source shape, transpose axes, source slice): the destination is the contiguous result.
+    ((96, 80), (1, 0), None),  # big enough for the tiled kernel
+    ((5, 7), (1, 0), None),  # NumPy path
+    ((2, 3, 40, 36), (0, 2, 3, 1), None),  # NCHW -> NHWC
+    ((4, 6, 8), (2, 0, 1), None),
+    ((3, 4, 5, 2, 3, 2), (5, 4, 3, 2, 1, 0), None),  # six dimensions
+    ((10, 12), (0, 1), (slice(2, 9, 3), slice(None, None, -2))),  # slice with a negative step
+    ((70, 50), (1, 0), (slice(None, None, -1), slice(1, None))),
+]
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize(("shape", "axes", "index"), STRIDED_CASES)
+def test_copy_strided_views(be: CpuBackend, dtype: Any, shape: Any, axes: Any, index: Any) -> None:
+    src = RNG.standard_normal(shape).astype(dtype)
+    view = src.transpose(axes)
+    if index is not None:
+        view = view[index]
+    elements = [s // src.itemsize for s in view.strides]
+    origin = (view.__array_interface__["data"][0] - src.__array_interface__["data"][0]) // src.itemsize
+    sp = put(be, src)
+    dp = put(be, np.zeros(view.size + 8, dtype=dtype))
+    dst_strides = [math.prod(view.shape[i + 1 :]) for i in range(view.ndim)]
+    be.copy_strided(
+        dp + 8 * src.itemsize, sp + origin * src.itemsize, view.shape, elements, dst_strides, dtype=dtype
+    )
+    out = get(be, dp, (view.size + 8,), dtype)
+    np.testing.assert_array_equal(bits(out[8:].reshape(view.shape)), bits(np.ascontiguousarray(view)))
+    assert not bits(out[:8]).any()
+    be.free(sp)
+    be.free(dp)
+
+
+def test_copy_strided_broadcast_and_bit_exact(be: CpuBackend) -> None:
+    # A zero source stride broadcasts; signalling NaN and -0 payloads survive.
+    row = np.array([0x7F800001, 0xFFC00123, 0x80000000, 0x3F800000], dtype=np.uint32).view(np.float32)
+    sp, dp = put(be, row), put(be, np.zeros((50, 4), np.float32))
+    be.copy_strided(dp, sp, (50, 4), (0, 1), (4, 1))
+    out = get(be, dp, (50, 4), np.float32)
+    np.testing.assert_array_equal(bits(out), np.broadcast_to(bits(row), (50, 4)))
+    # Transposed destination written through the tiled kernel: bits as well.
+    big = RNG.integers(0, 2**32, size=(64, 48), dtype=np.uint32).view(np.float32)
+    bp, tp = put(be, big), put(be, np.zeros((48, 64), np.float32))
+    be.copy_strided(tp, bp, (64, 48), (48, 1), (1, 64))
+    np.testing.assert_array_equal(bits(get(be, tp, (48, 64), np.float32)), bits(big).T)
+    for p in (sp, dp, bp, tp):
+        be.free(p)
+
+
+def test_copy_strided_overlap_reads_source_first(be: CpuBackend) -> None:
+    data = np.arange(100, dtype=np.float32)
+    ptr = put(be, data)
+    # Reverse in place: destination element i is source element 99 - i.
+    be.copy_strided(ptr, ptr + 99 * 4, (100,), (-1,), (1,))
+    np.testing.assert_array_equal(get(be, ptr, (100,), np.float32), data[::-1])
+    # Shift right by one (overlapping, same direction).
+    be.copy_strided(ptr + 4, ptr, (99,), (1,), (1,))
+    np.testing.assert_array_equal(get(be, ptr, (100,), np.float32)[1:], data[::-1][:99])
+    be.free(ptr)
+
+
+def test_copy_strided_large_threads(be: CpuBackend) -> None:
+    src = RNG.standard_normal((300, 700)).astype(np.float32)
+    sp, dp = put(be, src), put(be, np.zeros((700, 300), np.float32))
+    be.copy_strided(dp, sp, (700, 300), (1, 700), (300, 1))
+    np.testing.assert_array_equal(get(be, dp, (700, 300), np.float32), src.T)
+    be.free(sp)
+    be.free(dp)
+
+
+# --------------------------------------------------------------------------- cast and fill
+
+
+def _rne_reference(x: npt.NDArray[np.float64], dtype: Any) -> npt.NDArray[Any]:
+    """Round float64 values to ``dtype`` exactly, through Python's exact rationals."""
+    from fractions import Fraction
+
+    if dtype == np.float64:
+        return x.copy()
+    out = np.empty(x.shape, dtype=dtype)
+    info = ml_dtypes.finfo(dtype)
+    for i, value in enumerate(x.tolist()):
+        if math.isnan(value) or math.isinf(value):
+            out[i] = value
+            continue
+        lo = np.array(value, dtype=np.float64).astype(dtype)  # a neighbour, maybe wrong
+        best = None
+        for cand in (np.nextafter(lo, dtype.type(-np.inf)), lo, np.nextafter(lo, dtype.type(np.inf))):
+            c = float(cand)
+            if math.isinf(c):
+                continue
+            err = abs(Fraction(c) - Fraction(value))
+            key = (err, int(bits(np.array([cand], dtype=dtype))[0]) & 1)
+            if best is None or key < best[0]:
+                best = (key, cand)
+        assert best is not None
+        largest = float(info.max)
+        half_ulp = (float(info.max) - float(np.nextafter(dtype.type(info.max), dtype.type(0)))) / 2
+        out[i] = best[1] if abs(value) < largest + half_ulp else math.copysign(math.inf, value)
+    return out
+
+
+@pytest.mark.parametrize("src", FLOATS, ids=str)
+@pytest.mark.parametrize("dst", FLOATS, ids=str)
+def test_cast_rounds_to_nearest_even(be: CpuBackend, src: Any, dst: Any) -> None:
+    wide = np.concatenate(
+        [
+            RNG.standard_normal(2000) * 10.0 ** RNG.integers(-8, 8, 2000),
+            [1 + 2**-8 + 2**-30, 1 + 2**-11 + 2**-40, -(1 + 2**-8 + 2**-31), 1e6, -1e40, 3.3961e38],
+            [0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0, 65520.0, 2**-24, 2**-25, 2**-26],
+        ]
+    )
+    with np.errstate(over="ignore"):
+        x = _rne_reference(wide, src) if src != np.float64 else wide
+    want = _rne_reference(x.astype(np.float64), dst)
+    xp, yp = put(be, x), put(be, np.zeros(x.size, dtype=dst))
+    be.cast(xp, yp, x.size, dtype=src, out_dtype=dst)
+    got = get(be, yp, (x.size,), dst)
+    np.testing.assert_array_equal(bits(got), bits(want))
+    be.free(xp)
+    be.free(yp)
+
+
+def test_cast_in_place_and_large(be: CpuBackend) -> None:
+    x = RNG.standard_normal(300_000).astype(np.float32)
+    ptr = put(be, x)
+    out = be.alloc(x.size * 2)
+    be.cast(ptr, out, x.size, out_dtype="bfloat16")
+    np.testing.assert_array_equal(bits(get(be, out, (x.size,), BF16)), bits(x.astype(BF16)))
+    be.cast(out, out, x.size, dtype="bfloat16", out_dtype="float16")  # same size: in place
+    np.testing.assert_array_equal(
+        bits(get(be, out, (x.size,), np.float16)), bits(x.astype(BF16).astype(np.float32).astype(np.float16))
+    )
+    be.free(ptr)
+    be.free(out)
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_fill(be: CpuBackend, dtype: Any) -> None:
+    for count in (5, 400_000):
+        ptr = put(be, np.zeros(count + 2, dtype=dtype))
+        be.fill(ptr + dtype.itemsize, count, 1 + 2**-8 + 2**-30, dtype=dtype)
+        out = get(be, ptr, (count + 2,), dtype)
+        want = _rne_reference(np.array([1 + 2**-8 + 2**-30]), dtype)[0]
+        assert (bits(out[1:-1]) == bits(np.array([want], dtype=dtype))[0]).all()
+        assert out[0] == 0 and out[-1] == 0
+        be.fill(ptr, 1, math.nan, dtype=dtype)
+        assert np.isnan(get(be, ptr, (1,), dtype)[0])
+        be.free(ptr)
+
+
+# --------------------------------------------------------------------------- broadcasting
+
+
+BROADCAST_SHAPES = [
+    ((4, 3), (3,)),
+    ((2, 1, 5), (1, 4, 1)),
+    ((8, 64, 30, 30), (64, 1, 1)),
+    ((1,), (7, 3)),
+    ((), (4,)),
+    ((2, 1, 3, 1, 2, 1), (1, 2, 1, 3, 1, 2)),
+    ((300, 500), (300, 1)),
+]
+
+
+def _binary_reference(op: str, a: npt.NDArray[Any], b: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    with np.errstate(all="ignore"):
+        return {
+            "add": np.add,
+            "sub": np.subtract,
+            "mul": np.multiply,
+            "div": np.divide,
+            "max": np.fmax,
+            "min": np.fmin,
+            "pow": np.power,
+        }[op](a, b)
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(np.float64)], ids=str)
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "max", "min", "pow"])
+@pytest.mark.parametrize(("sa", "sb"), BROADCAST_SHAPES)
+def test_broadcast_binary(be: CpuBackend, op: str, sa: Any, sb: Any, dtype: Any) -> None:
+    a = RNG.standard_normal(sa).astype(dtype)
+    b = RNG.standard_normal(sb).astype(dtype)
+    if op == "pow":
+        a = np.abs(a)
+    want = _binary_reference(op, a.astype(np.float64), b.astype(np.float64))
+    ap, bp, op_ = put(be, a), put(be, b), put(be, np.zeros(want.shape, dtype))
+    be.broadcast_binary(op, ap, sa, bp, sb, op_, want.shape, dtype=dtype)
+    got = get(be, op_, want.shape, dtype)
+    np.testing.assert_allclose(got, want, rtol=2e-6 if dtype == np.float32 else 1e-14, atol=1e-30)
+    for p in (ap, bp, op_):
+        be.free(p)
+
+
+def test_broadcast_binary_in_place_and_nan(be: CpuBackend) -> None:
+    a = RNG.standard_normal((3, 70_000)).astype(np.float32)
+    a[0, :3] = [np.nan, 1.0, np.inf]
+    b = np.array([[2.0], [np.nan], [0.0]], dtype=np.float32)
+    ap, bp = put(be, a), put(be, b)
+    be.broadcast_binary("max", ap, a.shape, bp, b.shape, ap, a.shape)  # out is a
+    np.testing.assert_array_equal(get(be, ap, a.shape, np.float32), np.fmax(a, b))
+    be.free(ap)
+    be.free(bp)
+
+
+def test_pow_c_semantics(be: CpuBackend) -> None:
+    a = np.array([np.nan, -8.0, 1.0, 0.0, -2.0, np.inf], dtype=np.float32)
+    b = np.array([0.0, 1 / 3, np.nan, -1.0, 3.0, -0.5], dtype=np.float32)
+    ap, bp, op = put(be, a), put(be, b), put(be, np.zeros(6, np.float32))
+    be.binary("pow", ap, bp, op, 6)
+    got = get(be, op, (6,), np.float32)
+    want = [math.pow(1.0, 0.0), math.nan, 1.0, math.inf, -8.0, 0.0]
+    np.testing.assert_array_equal(got, np.array(want, dtype=np.float32))
+    for p in (ap, bp, op):
+        be.free(p)
+
+
+# --------------------------------------------------------------------------- unary
+
+
+def _unary_reference(op: str, x: npt.NDArray[np.float64], alpha: float, lo: float, hi: float) -> Any:
+    with np.errstate(all="ignore"):
+        if op == "gelu":
+            return 0.5 * x * (1.0 + scipy.special.erf(x / math.sqrt(2.0)))
+        if op == "gelu_tanh":
+            return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+        if op == "silu":
+            return x / (1.0 + np.exp(-x))
+        if op == "erf":
+            return scipy.special.erf(x)
+        if op == "reciprocal":
+            return 1.0 / x
+        if op == "square":
+            return x * x
+        if op == "sin":
+            return np.sin(x)
+        if op == "cos":
+            return np.cos(x)
+        if op == "leaky_relu":
+            return np.where(x >= 0, x, alpha * x)
+        if op == "clip":
+            return np.minimum(np.maximum(x, lo), hi)
+    raise AssertionError(op)
+
+
+UNARY_NEW = ["gelu", "gelu_tanh", "silu", "erf", "reciprocal", "square", "sin", "cos", "leaky_relu", "clip"]
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(np.float64)], ids=str)
+@pytest.mark.parametrize("n", [37, 200_000])
+@pytest.mark.parametrize("op", UNARY_NEW)
+def test_unary_extensions(be: CpuBackend, op: str, n: int, dtype: Any) -> None:
+    x = (RNG.standard_normal(n) * 4).astype(dtype)
+    x[:8] = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30, 30.0, -30.0]
+    kwargs: dict[str, float] = {}
+    alpha, lo, hi = 0.01, -math.inf, math.inf
+    if op == "leaky_relu":
+        kwargs = {"alpha": 0.2}
+        alpha = 0.2
+    if op == "clip":
+        kwargs = {"lo": -1.5, "hi": 2.25}
+        lo, hi = -1.5, 2.25
+    want = _unary_reference(op, x.astype(np.float64), alpha, lo, hi)
+    xp, yp = put(be, x), put(be, np.zeros(n, dtype))
+    be.unary(op, xp, yp, n, dtype=dtype, **kwargs)
+    got = get(be, yp, (n,), dtype)
+    tol = 4e-6 if dtype == np.float32 else 1e-13
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    be.unary(op, xp, xp, n, dtype=dtype, **kwargs)  # in place
+    np.testing.assert_array_equal(bits(get(be, xp, (n,), dtype)), bits(got))
+    be.free(xp)
+    be.free(yp)
+
+
+def test_leaky_relu_and_clip_parameters(be: CpuBackend) -> None:
+    x = np.array([-2.0, -0.0, 3.0, np.nan, -np.inf, np.inf], dtype=np.float32)
+    xp, yp = put(be, x), put(be, np.zeros(6, np.float32))
+    be.unary("leaky_relu", xp, yp, 6, alpha=0.0)
+    got = get(be, yp, (6,), np.float32)
+    np.testing.assert_array_equal(got[:4], [-0.0, -0.0, 3.0, np.nan])
+    assert np.isnan(got[4]) and got[5] == np.inf  # 0 * -inf is NaN; +inf >= 0 stays
+    be.unary("clip", xp, yp, 6, lo=2.0, hi=1.0)  # lo > hi: min(max(x, lo), hi) is hi
+    np.testing.assert_array_equal(get(be, yp, (6,), np.float32), [1.0, 1.0, 1.0, np.nan, 1.0, 1.0])
+    with pytest.raises(InvalidArgumentError):
+        be.unary("relu", xp, yp, 6, alpha=0.5)
+    be.free(xp)
+    be.free(yp)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_sixteen_bit_through_float32(be: CpuBackend, dtype: str) -> None:
+    narrow = np.dtype(dtype) if dtype == "float16" else BF16
+    x = RNG.standard_normal(1000).astype(narrow)
+    xp, yp = put(be, x), put(be, np.zeros(1000, narrow))
+    be.unary("gelu", xp, yp, 1000, dtype=dtype)
+    want = _unary_reference("gelu", x.astype(np.float64), 0, 0, 0).astype(np.float32).astype(narrow)
+    got = get(be, yp, (1000,), narrow).astype(np.float64)
+    np.testing.assert_allclose(got, want.astype(np.float64), rtol=1e-2, atol=1e-3)
+    be.free(xp)
+    be.free(yp)
+
+
+# --------------------------------------------------------------------------- log-softmax
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(np.float64)], ids=str)
+@pytest.mark.parametrize(("shape", "axis"), [((6, 50), 1), ((40, 3, 700), 1), ((300, 400), 0), ((5,), 0)])
+def test_log_softmax(be: CpuBackend, shape: Any, axis: int, dtype: Any) -> None:
+    x = (RNG.standard_normal(shape) * 3).astype(dtype)
+    x.reshape(-1)[0] = -np.inf
+    want = scipy.special.log_softmax(x.astype(np.float64), axis=axis)
+    xp, yp = put(be, x), put(be, np.zeros(shape, dtype))
+    be.softmax(xp, yp, shape, axis, dtype=dtype, log=True)
+    got = get(be, yp, shape, dtype)
+    assert got.reshape(-1)[0] == -np.inf
+    np.testing.assert_allclose(got, want, rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-5)
+    be.free(xp)
+    be.free(yp)
+
+
+# --------------------------------------------------------------------------- device-side indices
+
+
+@pytest.mark.parametrize("index_dtype", ["int32", "int64"])
+def test_gather_scatter_device_indices(be: CpuBackend, index_dtype: str) -> None:
+    table = RNG.standard_normal((10, 6)).astype(np.float64)
+    idx = np.array([3, 0, 9, 3, 7], dtype=index_dtype)
+    tp, ip, op = put(be, table), put(be, idx), put(be, np.zeros((5, 6)))
+    be.gather(tp, 5, op, 10, 6, dtype="float64", indices_ptr=ip, index_dtype=index_dtype)
+    np.testing.assert_array_equal(get(be, op, (5, 6), np.float64), table[idx])
+    rows = RNG.standard_normal((5, 6))
+    rp = put(be, rows)
+    be.scatter(rp, 5, tp, 10, 6, dtype="float64", indices_ptr=ip, index_dtype=index_dtype)
+    want = table.copy()
+    for i, j in enumerate(idx):
+        want[j] = rows[i]
+    np.testing.assert_array_equal(get(be, tp, (10, 6), np.float64), want)
+    # Out of range or negative: an error, and nothing written.
+    for bad, message in ((10, "out of range"), (-1, "negative")):
+        bad_idx = np.array([1, bad, 2], dtype=index_dtype)
+        bp = put(be, bad_idx)
+        before = get(be, tp, (10, 6), np.float64)
+        with pytest.raises(InvalidArgumentError, match=message):
+            be.scatter(rp, 3, tp, 10, 6, dtype="float64", indices_ptr=bp, index_dtype=index_dtype)
+        with pytest.raises(InvalidArgumentError, match=message):
+            be.gather(tp, 3, op, 10, 6, dtype="float64", indices_ptr=bp, index_dtype=index_dtype)
+        np.testing.assert_array_equal(get(be, tp, (10, 6), np.float64), before)
+        be.free(bp)
+    for p in (tp, ip, op, rp):
+        be.free(p)
