@@ -1,274 +1,337 @@
 #!/usr/bin/env python
-"""Verify CudaBackend on a real NVIDIA GPU: the conformance kit, then benchmark rows.
+"""Verify CudaBackend on a real NVIDIA GPU: conformance kit, CUDA tests, DLPack, benchmark rows.
 
-Run on a machine with an NVIDIA GPU after ``pip install -e .[cuda]``::
+Run from the repository root on a machine with an NVIDIA GPU and CuPy (and, optionally,
+PyTorch) already installed; the script installs nothing::
 
-    python scripts/gpu_check.py            # conformance + benchmarks (about 2-4 minutes on an H200)
-    python scripts/gpu_check.py --quick    # conformance only
+    python scripts/gpu_check.py --out gpu-check            # everything (a few minutes on an H200)
+    python scripts/gpu_check.py --out gpu-check --quick    # benchmark at small sizes
 
-It prints the per-op conformance table, then each benchmark row against its limit on the
-same device, measured in the same process:
+Phases, each timed and recorded whatever happens in the others:
 
-* dgemm / sgemm / bf16 mixed-precision GEMM at 4096^3 against a direct cuBLAS call through
-  CuPy (``cupy.matmul``; for bf16, ``cublasGemmEx`` on pre-rounded bf16 operands);
-* attention (4, 16, 2048, 64) against a plain cuBLAS + softmax version written in CuPy;
-* memory-bound ops (unary, binary, reduce, softmax, gather, scatter) as GB/s against the
-  device-to-device copy bandwidth.
+1. ``conformance``: the conformance kit on ``CudaBackend`` (every dtype it claims);
+2. ``tests``: ``pytest`` on the CUDA test files, when ``tests/`` is beside the script;
+3. ``dlpack``: zero-copy round trips with CuPy and PyTorch (checked by writing through
+   one side and reading through the other);
+4. ``bench``: the benchmark harness (:mod:`computehal.bench`) on the CUDA profile: d/s/h
+   GEMM, strided batched and bf16 mixed precision against cuBLAS on the same problem,
+   attention against PyTorch's ``scaled_dot_product_attention`` (a plain CuPy version
+   without PyTorch), memory-bound rows against ``cudaMemcpy`` device-to-device
+   bandwidth, and every other op of the interface.
 
-Exit status: 0 when every conformance case passed and every benchmark result matched its
-reference; 1 otherwise; 2 when no CUDA device could be used.
+Everything printed also goes to ``OUT/gpu_check.log``; ``OUT/gpu_check.json`` holds each
+phase's outcome and the benchmark rows, ``OUT/<backend>.json`` and
+``OUT/<backend>-roofline.png`` are the harness's own outputs. ``--backend cpu`` runs the
+same script on another backend (a dry run of the script itself on a machine without a
+GPU).
+
+Exit status: 0 when every phase passed; 1 otherwise; 2 when the backend cannot start or
+the output folder cannot be written.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
+import json
+import os
+import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, TextIO
 
 import numpy as np
 
-
-def _fail_unavailable(reason: str) -> int:
-    print(f"gpu_check: CudaBackend unavailable: {reason}", file=sys.stderr)
-    return 2
+#: The CUDA-specific test files run by the ``tests`` phase.
+CUDA_TESTS = ("tests/test_cuda.py", "tests/test_kernels_cuda_compile.py")
 
 
-class Bench:
-    """Benchmark helpers on one initialised CudaBackend."""
+class Tee:
+    """A text stream writing to the console and the log file."""
 
-    def __init__(self, backend: Any, cupy: Any) -> None:
-        self.be = backend
-        self.cp = cupy
-        self.ok = True
-        self.rt = cupy.cuda.runtime
+    def __init__(self, console: TextIO, log: TextIO) -> None:
+        self.console, self.log = console, log
 
-    def put(self, array: Any) -> int:
-        """A backend allocation holding a copy of the CuPy array ``array``."""
-        ptr = int(self.be.alloc(max(1, int(array.nbytes))))
-        self.rt.memcpy(ptr, array.data.ptr, array.nbytes, self.rt.memcpyDeviceToDevice)
-        return ptr
+    def write(self, text: str) -> int:
+        self.console.write(text)
+        self.log.write(text)
+        return len(text)
 
-    def view(self, ptr: int, shape: tuple[int, ...], dtype: Any, order: str = "C") -> Any:
-        """A CuPy array over backend memory (no copy) for checking results."""
-        size = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        memory = self.cp.cuda.UnownedMemory(ptr, size, self)
-        return self.cp.ndarray(shape, dtype, self.cp.cuda.MemoryPointer(memory, 0), order=order)
+    def flush(self) -> None:
+        self.console.flush()
+        self.log.flush()
 
-    def time(self, fn: Callable[[], object], reps: int) -> float:
-        """Seconds per call, measured with CUDA events on the legacy default stream."""
-        fn()
-        self.rt.deviceSynchronize()
-        start, end = self.cp.cuda.Event(), self.cp.cuda.Event()
-        start.record(self.cp.cuda.Stream.null)
-        for _ in range(reps):
-            fn()
-        end.record(self.cp.cuda.Stream.null)
-        end.synchronize()
-        return float(self.cp.cuda.get_elapsed_time(start, end)) / 1000.0 / reps
 
-    def check(self, name: str, got: Any, want: Any, tol: float) -> None:
-        err = float(self.cp.max(self.cp.abs(got.astype(self.cp.float64) - want.astype(self.cp.float64))))
-        scale = float(self.cp.max(self.cp.abs(want))) or 1.0
-        if not err <= tol * scale:
-            self.ok = False
-            print(f"  MISMATCH {name}: max error {err:.3g} (scale {scale:.3g}, tolerance {tol:g})")
+class Phases:
+    """Runs each phase, catching what it raises, and keeps the outcomes."""
 
-    # ------------------------------------------------------------------ GEMM
+    def __init__(self) -> None:
+        self.outcomes: dict[str, dict[str, Any]] = {}
 
-    def gemm_rows(self, n: int) -> None:
-        flops = 2.0 * n**3
-        print(f"\nGEMM {n}^3 (column-major, no transposes)          ours      cuBLAS   ratio")
-        self.gemm_row(n, flops, np.float64, "dgemm")
-        self.gemm_row(n, flops, np.float32, "sgemm")
-        self.mixed_row(n, flops)
-
-    def gemm_row(self, n: int, flops: float, dtype: Any, label: str) -> None:
-        cp = self.cp
-        rng = cp.random.default_rng(0)
-        a = rng.standard_normal((n, n), dtype=dtype)
-        b = rng.standard_normal((n, n), dtype=dtype)
-        pa, pb, pc = self.put(a), self.put(b), self.put(cp.zeros((n, n), dtype))
-        dt = np.dtype(dtype).name
-        ours = self.time(lambda: self.be.gemm("N", "N", n, n, n, 1.0, pa, n, pb, n, 0.0, pc, n, dtype=dt), 5)
-        # The row-major arrays a, b read as column-major matrices are A = a^T, B = b^T, so the
-        # column-major C = A B = (b a)^T has the memory of the row-major product b @ a.
-        out = cp.empty((n, n), dtype)
-        ref = self.time(lambda: cp.matmul(b, a, out=out), 5)
-        self.check(label, self.view(pc, (n, n), dtype), out, 1e-10 if dtype == np.float64 else 1e-4)
-        rate, limit = flops / ours / 1e12, flops / ref / 1e12
-        print(f"  {label:<44} {rate:7.2f}  {limit:7.2f} TFLOP/s  {ref / ours:5.2f}x")
-        for ptr in (pa, pb, pc):
-            self.be.free(ptr)
-
-    def mixed_row(self, n: int, flops: float) -> None:
-        cp = self.cp
-        import ml_dtypes
-        from cupy_backends.cuda.libs import cublas
-
-        rng = cp.random.default_rng(1)
-        a = rng.standard_normal((n, n), dtype=np.float32)
-        b = rng.standard_normal((n, n), dtype=np.float32)
-        pa, pb, pc = self.put(a), self.put(b), self.put(cp.zeros((n, n), np.float32))
-        ours = self.time(
-            lambda: self.be.gemm_mixed_precision("bf16", "N", "N", n, n, n, 1.0, pa, n, pb, n, 0.0, pc, n), 5
-        )
-        # Reference: cublasGemmEx on operands already rounded to bf16 (rounding on the host).
-        a16 = cp.asarray(cp.asnumpy(a).astype(ml_dtypes.bfloat16).view(np.uint16))
-        b16 = cp.asarray(cp.asnumpy(b).astype(ml_dtypes.bfloat16).view(np.uint16))
-        out = cp.empty((n, n), np.float32)
-        handle = cp.cuda.device.get_cublas_handle()
-        one = np.array([1.0], np.float32)
-        zero = np.array([0.0], np.float32)
-        mode = cublas.getPointerMode(handle)
-        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
-
-        def direct() -> None:
-            cublas.gemmEx(handle, 0, 0, n, n, n, one.ctypes.data, a16.data.ptr, 14, n, b16.data.ptr, 14, n,
-                          zero.ctypes.data, out.data.ptr, 0, n, 68, -1)  # fmt: skip
-
+    def run(self, name: str, fn: Callable[[], dict[str, Any]]) -> None:
+        print(f"\n=== {name} ===", flush=True)
+        started = time.perf_counter()
         try:
-            ref = self.time(direct, 5)
-        finally:
-            cublas.setPointerMode(handle, mode)
-        self.check("gemm_mixed_precision bf16", self.view(pc, (n, n), np.float32), out, 1e-4)
-        print(f"  {'gemm_mixed_precision bf16 (incl. rounding)':<44} {flops / ours / 1e12:7.2f}  "
-              f"{flops / ref / 1e12:7.2f} TFLOP/s  {ref / ours:5.2f}x")  # fmt: skip
-        for ptr in (pa, pb, pc):
-            self.be.free(ptr)
-
-    # ------------------------------------------------------------------ attention
-
-    def attention_row(self, batch: int, heads: int, seq: int, dim: int) -> None:
-        cp = self.cp
-        rng = cp.random.default_rng(2)
-        shape = (batch, heads, seq, dim)
-        q, k, v = (rng.standard_normal(shape, dtype=np.float32) for _ in range(3))
-        pq, pk, pv, po = self.put(q), self.put(k), self.put(v), self.put(cp.zeros(shape, np.float32))
-        scale = 1.0 / math.sqrt(dim)
-        flops = 4.0 * batch * heads * seq * seq * dim
-        ours = self.time(
-            lambda: self.be.attention(pq, pk, pv, po, batch, heads, seq, seq, dim, scale, False), 3
-        )
-
-        def plain() -> Any:
-            s = cp.matmul(q, k.transpose(0, 1, 3, 2)) * np.float32(scale)
-            s -= s.max(axis=-1, keepdims=True)
-            cp.exp(s, out=s)
-            s /= s.sum(axis=-1, keepdims=True)
-            return cp.matmul(s, v)
-
-        ref = self.time(plain, 3)
-        self.check("attention", self.view(po, shape, np.float32), plain(), 1e-4)
-        print(f"\nattention {shape} (non-causal)          ours {flops / ours / 1e12:6.2f} TFLOP/s, "
-              f"cuBLAS + softmax {flops / ref / 1e12:6.2f} TFLOP/s, ratio {ref / ours:5.2f}x")  # fmt: skip
-        for ptr in (pq, pk, pv, po):
-            self.be.free(ptr)
-
-    # ------------------------------------------------------------------ memory-bound
-
-    def memory_rows(self, n: int) -> None:
-        cp = self.cp
-        rng = cp.random.default_rng(3)
-        x = rng.standard_normal(n, dtype=np.float32)
-        y = rng.standard_normal(n, dtype=np.float32)
-        px, py, po = self.put(x), self.put(y), self.put(cp.zeros(n, np.float32))
-        nbytes = 4 * n
-        copy = self.time(lambda: self.rt.memcpy(po, px, nbytes, self.rt.memcpyDeviceToDevice), 10)
-        copy_bw = 2 * nbytes / copy
+            outcome = fn()
+        except Exception as exc:  # noqa: BLE001 - a failing phase must not stop the others
+            traceback.print_exc(file=sys.stdout)
+            outcome = {"passed": False, "error": f"{type(exc).__name__}: {exc}"}
+        outcome["seconds"] = round(time.perf_counter() - started, 2)
+        self.outcomes[name] = outcome
         print(
-            f"\nmemory-bound ops on {n} floats; device-to-device copy {copy_bw / 1e9:.0f} GB/s (read + write)"
+            f"--- {name}: {'PASS' if outcome.get('passed') else 'FAIL'} in {outcome['seconds']:.1f} s",
+            flush=True,
         )
-        cols = 1024
-        rows = n // cols
-        idx = np.random.default_rng(4).permutation(rows).astype(np.int64)
-        cases: list[tuple[str, Callable[[], object], float]] = [
-            ("unary relu", lambda: self.be.unary("relu", px, po, n), 2 * nbytes),
-            ("unary exp", lambda: self.be.unary("exp", px, po, n), 2 * nbytes),
-            ("binary add", lambda: self.be.binary("add", px, py, po, n), 3 * nbytes),
-            (
-                "reduce sum, axis 1 of [rows, 1024]",
-                lambda: self.be.reduce("sum", px, po, [rows, cols], 1),
-                nbytes,
-            ),
-            (
-                "reduce max, axis 0 of [1024, rows]",
-                lambda: self.be.reduce("max", px, po, [cols, rows], 0),
-                nbytes,
-            ),
-            ("softmax, axis 1 of [rows, 1024]", lambda: self.be.softmax(px, po, [rows, cols], 1), 2 * nbytes),
-            ("gather all rows (permuted)", lambda: self.be.gather(px, idx, po, rows, cols), 2 * nbytes),
-            ("scatter all rows (permuted)", lambda: self.be.scatter(px, idx, po, rows, cols), 2 * nbytes),
-        ]
-        for label, fn, moved in cases:
-            seconds = self.time(fn, 5)
-            bw = moved / seconds
-            print(f"  {label:<40} {bw / 1e9:8.0f} GB/s  {bw / copy_bw:6.1%} of copy")
-        self.be.reduce("sum", px, po, [rows, cols], 1)
-        self.check("reduce sum", self.view(po, (rows,), np.float32), x.reshape(rows, cols).sum(axis=1), 1e-5)
-        self.be.gather(px, idx, po, rows, cols)
-        self.check(
-            "gather", self.view(po, (rows, cols), np.float32), x.reshape(rows, cols)[cp.asarray(idx)], 0.0
-        )
-        for ptr in (px, py, po):
-            self.be.free(ptr)
+
+    @property
+    def passed(self) -> bool:
+        return all(outcome.get("passed") for outcome in self.outcomes.values())
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--device", type=int, default=0, help="CUDA device ordinal (default 0)")
-    parser.add_argument("--quick", action="store_true", help="conformance only, no benchmarks")
-    parser.add_argument("--gemm-size", type=int, default=4096)
-    args = parser.parse_args(argv)
-    started = time.perf_counter()
-
-    from computehal import BackendError
-    from computehal.backends.cuda import CudaBackend, unavailable_reason
-
-    reason = unavailable_reason()
-    if reason is not None:
-        return _fail_unavailable(reason)
-    backend = CudaBackend(args.device)
-    try:
-        backend.init()
-        device = backend.available_devices()[args.device]
-    except BackendError as exc:
-        return _fail_unavailable(str(exc))
-    import cupy
-
-    gib = device.total_memory_bytes / 2**30
-    print(
-        f"device {device.ordinal}: {device.name}, compute capability {device.compute_capability}, "
-        f"{gib:.0f} GiB"
-    )
-    print(f"CuPy {cupy.__version__}, backend {backend.name()!r}")
-    print(f"capabilities: {device.capabilities}")
-
+def conformance(backend: Any) -> dict[str, Any]:
+    """The conformance kit on ``backend``; per-op summary and the failures."""
     from computehal.testing import run_conformance
 
     report = run_conformance(backend)
-    print()
     print(report.summary())
-    print(f"conformance: {len(report.results)} cases in {time.perf_counter() - started:.1f} s")
-    ok = report.passed
+    failures = [
+        {"op": r.op, "case": r.case, "message": r.message[:500]} for r in report.results if not r.passed
+    ]
+    return {"passed": report.passed, "cases": len(report.results), "failures": failures}
 
-    if not args.quick:
-        bench = Bench(backend, cupy)
+
+def cuda_tests(backend_name: str) -> dict[str, Any]:
+    """``pytest`` on the CUDA test files (with the CUDA backend required)."""
+    files = [name for name in CUDA_TESTS if Path(name).exists()]
+    if not files:
+        print("no tests/ folder here; skipped")
+        return {"passed": True, "skipped": "no tests/ folder"}
+    env = dict(os.environ, COMPUTEHAL_REQUIRE_BACKENDS=backend_name.split(":")[0])
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        check=False,
+    )
+    print(done.stdout[-20000:] + done.stderr[-5000:])
+    tail = [line for line in done.stdout.splitlines() if line.strip()][-1:] or [""]
+    return {"passed": done.returncode == 0, "returncode": done.returncode, "summary": tail[0]}
+
+
+def _cupy_round_trip(backend: Any) -> dict[str, Any]:
+    import cupy
+
+    import computehal as ch
+
+    array = ch.asarray(np.arange(1024, dtype=np.float32), backend)
+    view = cupy.from_dlpack(array)
+    zero_copy = int(view.data.ptr) == array.ptr
+    view[:] = 7.0
+    cupy.cuda.runtime.deviceSynchronize()
+    seen = bool((array.to_host() == 7.0).all())
+    source = cupy.arange(1024, dtype=cupy.float32)
+    borrowed = ch.from_dlpack(source, backend)
+    backend.unary("neg", borrowed.ptr, borrowed.ptr, 1024)
+    backend.synchronize()
+    back = bool((cupy.asnumpy(source) == -np.arange(1024, dtype=np.float32)).all())
+    return {
+        "export_zero_copy": zero_copy,
+        "write_through_export": seen,
+        "import_zero_copy": borrowed.ptr == int(source.data.ptr),
+        "write_through_import": back,
+    }
+
+
+def _torch_round_trip(backend: Any) -> dict[str, Any]:
+    import torch
+
+    import computehal as ch
+
+    array = ch.asarray(np.arange(1024, dtype=np.float32), backend)
+    tensor = torch.from_dlpack(array)
+    zero_copy = tensor.data_ptr() == array.ptr
+    tensor.fill_(3.0)
+    torch.cuda.synchronize()
+    seen = bool((array.to_host() == 3.0).all())
+    source = torch.arange(1024, dtype=torch.float32, device="cuda")
+    borrowed = ch.from_dlpack(source, backend)
+    backend.unary("neg", borrowed.ptr, borrowed.ptr, 1024)
+    backend.synchronize()
+    back = bool((source.cpu().numpy() == -np.arange(1024, dtype=np.float32)).all())
+    return {
+        "export_zero_copy": zero_copy,
+        "write_through_export": seen,
+        "import_zero_copy": borrowed.ptr == source.data_ptr(),
+        "write_through_import": back,
+    }
+
+
+def _numpy_round_trip(backend: Any) -> dict[str, Any]:
+    import computehal as ch
+
+    array = ch.asarray(np.arange(1024, dtype=np.float32), backend)
+    view = np.from_dlpack(array)
+    zero_copy = view.ctypes.data == array.ptr
+    view[:] = 5.0
+    seen = bool((array.to_host() == 5.0).all())
+    source = np.arange(1024, dtype=np.float32)
+    borrowed = ch.from_dlpack(source, backend)
+    backend.unary("neg", borrowed.ptr, borrowed.ptr, 1024)
+    backend.synchronize()
+    back = bool((source == -np.arange(1024, dtype=np.float32)).all())
+    return {
+        "export_zero_copy": zero_copy,
+        "write_through_export": seen,
+        "import_zero_copy": borrowed.ptr == source.ctypes.data,
+        "write_through_import": back,
+    }
+
+
+#: DLPack's device type of CUDA memory.
+KDL_CUDA = 2
+
+
+def dlpack(backend: Any) -> dict[str, Any]:
+    """Zero-copy DLPack exchange with CuPy and (when importable) PyTorch; NumPy for host backends."""
+    device = backend.dlpack_device()
+    if device is None or device[0] != KDL_CUDA:
+        results: dict[str, Any] = {"numpy": _numpy_round_trip(backend)}
+    else:
+        results = {"cupy": _cupy_round_trip(backend)}
         try:
-            bench.gemm_rows(args.gemm_size)
-            bench.attention_row(4, 16, 2048, 64)
-            bench.memory_rows(1 << 26)
-        except BackendError as exc:
-            print(f"benchmark failed: {exc}")
-            bench.ok = False
-        ok = ok and bench.ok
-    backend.close()
-    print(f"\ngpu_check: {'PASS' if ok else 'FAIL'} in {time.perf_counter() - started:.1f} s")
-    return 0 if ok else 1
+            import torch
+
+            if torch.cuda.is_available():
+                results["torch"] = _torch_round_trip(backend)
+            else:
+                results["torch"] = "PyTorch sees no CUDA device"
+        except ImportError:
+            results["torch"] = "PyTorch is not installed"
+    print(json.dumps(results, indent=2))
+    checks = [value for side in results.values() if isinstance(side, dict) for value in side.values()]
+    return {"passed": all(checks), **results}
+
+
+def bench(backend: Any, name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The benchmark harness on ``backend``; prints the table, writes its JSON and plot."""
+    from computehal.bench import format_table, run_benchmarks, write_json, write_roofline
+
+    groups = [g for g in args.groups.split(",") if g] if args.groups else None
+    run = run_benchmarks(name, backend=backend, quick=args.quick, groups=groups)
+    print(format_table(run.results))
+    stem = name.replace(":", "-")
+    json_path = args.out / f"{stem}.json"
+    write_json(json_path, run)
+    write_roofline(args.out / f"{stem}-roofline.png", run)
+    bad = [
+        f"{r.op} {r.params}: {r.status} {r.note}" for r in run.results if r.status in ("error", "mismatch")
+    ]
+    failed = [f"{r.op} {r.params}" for r in run.results if r.passed is False and r.status == "measured"]
+    print(f"{len(failed)} rows below target; {len(bad)} rows failed to run or gave wrong results")
+    for line in bad:
+        print("  " + line)
+    document = json.loads(json_path.read_text(encoding="utf-8"))
+    return {"passed": not bad, "below_target": failed, "failed_rows": bad, "run": document}
+
+
+def _open(name: str) -> Any:
+    from computehal.selection import start_backend
+
+    return start_backend(name)
+
+
+def _describe(backend: Any, name: str) -> dict[str, Any]:
+    ordinal = int(name.split(":")[1]) if ":" in name else 0
+    device = backend.available_devices()[ordinal]
+    info = {
+        "name": device.name,
+        "compute_capability": list(device.compute_capability),
+        "memory_gib": round(device.total_memory_bytes / 2**30, 1),
+        "backend": backend.name(),
+    }
+    try:
+        import cupy
+
+        info["cupy"] = cupy.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every phase; return the exit status."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, default=Path("gpu-check"), help="folder for the log and JSON")
+    parser.add_argument(
+        "--backend", default="cuda", help="backend to check (default cuda; cuda:N for device N)"
+    )
+    parser.add_argument("--quick", action="store_true", help="benchmark at the profile's quick sizes")
+    parser.add_argument(
+        "--groups", default=None, help="benchmark groups (comma list; default: all default ones)"
+    )
+    parser.add_argument(
+        "--skip", default="", help="phases to skip (comma list: conformance,tests,dlpack,bench)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        log = (args.out / "gpu_check.log").open("w", encoding="utf-8")
+    except OSError as exc:
+        print(f"gpu_check: cannot write to {args.out}: {exc}", file=sys.stderr)
+        return 2
+    console = sys.stdout
+    sys.stdout = Tee(console, log)
+    try:
+        return _check(args)
+    finally:
+        sys.stdout = console
+        log.close()
+
+
+def _check(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    print(f"gpu_check {time.strftime('%Y-%m-%d %H:%M:%S')} backend {args.backend}", flush=True)
+    try:
+        backend = _open(args.backend)
+    except Exception as exc:  # noqa: BLE001 - reported, exit 2
+        print(f"gpu_check: {args.backend} cannot start: {exc}")
+        _write(args.out, {"backend": args.backend, "started": False, "error": str(exc)})
+        return 2
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    phases = Phases()
+    summary: dict[str, Any] = {"backend": args.backend, "device": _describe(backend, args.backend)}
+    print(f"device: {summary['device']}")
+    try:
+        plan: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+            ("conformance", lambda: conformance(backend)),
+            ("tests", lambda: cuda_tests(args.backend)),
+            ("dlpack", lambda: dlpack(backend)),
+            ("bench", lambda: bench(backend, args.backend, args)),
+        ]
+        for name, fn in plan:
+            if name not in skip:
+                phases.run(name, fn)
+    finally:
+        backend.close()
+    summary.update(
+        phases=phases.outcomes, passed=phases.passed, seconds=round(time.perf_counter() - started, 1)
+    )
+    _write(args.out, summary)
+    print(f"\ngpu_check: {'PASS' if phases.passed else 'FAIL'} in {summary['seconds']:.1f} s")
+    for name, outcome in phases.outcomes.items():
+        print(f"  {name:<12} {'PASS' if outcome.get('passed') else 'FAIL'}  {outcome['seconds']:.1f} s")
+    return 0 if phases.passed else 1
+
+
+def _write(folder: Path, summary: dict[str, Any]) -> None:
+    text = json.dumps(summary, indent=2, default=str) + "\n"
+    (folder / "gpu_check.json").write_text(text, encoding="utf-8")
 
 
 if __name__ == "__main__":

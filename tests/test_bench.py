@@ -254,3 +254,26 @@ def test_value_rows_and_targets() -> None:
     assert row.op == "overhead" and row.unit == "us/call" and row.compare == "value_max"
     assert len(row.samples["op"]) == 2
     assert row.passed is (row.achieved is not None and row.achieved <= 10.0)
+
+
+def test_gpu_check_script_runs_its_phases_on_any_backend(tmp_path: Path) -> None:
+    """The GPU script's own code paths, on the CPU backend (the CUDA references need a GPU)."""
+    import importlib.util
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_check", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    argv = ["--backend", "cpu", "--out", str(tmp_path), "--quick", "--groups", "overhead,movement",
+            "--skip", "tests,conformance"]  # fmt: skip
+    assert module.main(argv) == 0
+    summary = json.loads((tmp_path / "gpu_check.json").read_text(encoding="utf-8"))
+    assert summary["passed"] is True and set(summary["phases"]) == {"dlpack", "bench"}
+    assert summary["phases"]["dlpack"]["numpy"]["export_zero_copy"] is True
+    rows = summary["phases"]["bench"]["run"]["results"]
+    assert {"overhead", "copy_dtod", "gather"} <= {row["op"] for row in rows}
+    log = (tmp_path / "gpu_check.log").read_text(encoding="utf-8")
+    assert "=== bench ===" in log and "gpu_check: PASS" in log
+    assert (tmp_path / "cpu.json").exists()
+    assert module.main(["--backend", "no-such-backend", "--out", str(tmp_path)]) == 2
