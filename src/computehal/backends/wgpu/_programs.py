@@ -14,7 +14,6 @@ import threading
 from typing import Any
 
 from ...kernels import kernel_source
-from .._common import wgsl_consts
 from ._adapter import check, wgpu_module
 
 __all__ = ["KERNELS", "Programs", "module_source"]
@@ -52,8 +51,8 @@ KERNELS: dict[str, tuple[str, int]] = {
 
 def module_source(files: str) -> str:
     """The WGSL of one shader module: op-code constants, common helpers, then ``files``."""
-    parts = ["wgpu_common.wgsl", *files.split("+")]
-    return wgsl_consts() + "\n" + "\n".join(kernel_source(name) for name in parts)
+    # The kernel loader puts the op-code constants in front of the joined sources once.
+    return kernel_source("+".join(["wgpu_common.wgsl", *files.split("+")]))
 
 
 class Programs:
