@@ -408,3 +408,166 @@ def test_gather_scatter_device_indices(be: CpuBackend, index_dtype: str) -> None
         be.free(bp)
     for p in (tp, ip, op, rp):
         be.free(p)
+
+
+# --------------------------------------------------------------------------- pooling and normalisation
+
+
+@pytest.fixture(params=["compiled", "numpy"])
+def kernel_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test through the compiled kernels, then through the NumPy fallbacks."""
+    if request.param == "numpy":
+        from computehal.backends.cpu import _runtime
+
+        for name in ("_knorm", "_kpool", "_kmath", "_kmove"):
+            monkeypatch.setitem(_runtime._kernel_modules, name, None)
+    return str(request.param)
+
+
+def _pool_reference(x: Any, op: str, k: Any, s: Any, pads: Any, d: Any, ceil: bool, include: bool) -> Any:
+    n, c, h, w = x.shape
+    pt, pl, pb, pr = pads
+    oh = v_pool_size(h, k[0], s[0], pt, pb, d[0], ceil)
+    ow = v_pool_size(w, k[1], s[1], pl, pr, d[1], ceil)
+    out = np.empty((n, c, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            vals, padded = [], 0
+            for r in range(k[0]):
+                ih = i * s[0] - pt + r * d[0]
+                for q in range(k[1]):
+                    iw = j * s[1] - pl + q * d[1]
+                    if 0 <= ih < h and 0 <= iw < w:
+                        vals.append(x[:, :, ih, iw].astype(np.float64))
+                    if -pt <= ih < h + pb and -pl <= iw < w + pr:
+                        padded += 1
+            if op == "max":
+                acc = np.full((n, c), -np.inf)
+                for val in vals:
+                    acc = np.fmax(acc, val)
+                out[:, :, i, j] = acc
+            else:
+                total = sum(vals, np.zeros((n, c)))
+                with np.errstate(all="ignore"):
+                    out[:, :, i, j] = total / (padded if include else len(vals))
+    return out
+
+
+def v_pool_size(size: int, k: int, s: int, lo: int, hi: int, d: int, ceil: bool) -> int:
+    from computehal.validation import pool_output_size
+
+    return pool_output_size(size, k, s, lo, hi, d, ceil)
+
+
+POOL_CASES = [
+    ("max", (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), False, False),
+    ("avg", (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), False, False),
+    ("avg", (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), False, True),
+    ("avg", (2, 3), (2, 2), (0, 1, 1, 0), (1, 1), True, True),
+    ("max", (3, 2), (2, 3), (1, 0, 1, 1), (2, 1), True, False),
+    ("avg", (7, 7), (1, 1), (0, 0, 0, 0), (1, 1), False, False),  # global pooling
+    ("max", (2, 2), (1, 1), (1, 1, 1, 1), (1, 1), False, False),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(np.float64)], ids=str)
+@pytest.mark.parametrize(("op", "k", "s", "pads", "d", "ceil", "include"), POOL_CASES)
+def test_pool2d(
+    be: CpuBackend,
+    kernel_path: str,
+    op: str,
+    k: Any,
+    s: Any,
+    pads: Any,
+    d: Any,
+    ceil: bool,
+    include: bool,
+    dtype: Any,
+) -> None:
+    x = RNG.standard_normal((2, 3, 7, 7)).astype(dtype)
+    x[0, 0, 0, 0], x[1, 2, 3, 3], x[0, 1, 6, 6] = np.nan, np.inf, -np.inf
+    want = _pool_reference(x, op, k, s, pads, d, ceil, include)
+    xp, yp = put(be, x), put(be, np.zeros(want.shape, dtype))
+    be.pool2d(
+        op,
+        xp,
+        x.shape,
+        yp,
+        want.shape,
+        k,
+        s,
+        pads,
+        dilation=d,
+        ceil_mode=ceil,
+        count_include_pad=include,
+        dtype=dtype,
+    )
+    got = get(be, yp, want.shape, dtype)
+    np.testing.assert_allclose(got, want, rtol=1e-5 if dtype == np.float32 else 1e-13, atol=1e-6)
+    be.free(xp)
+    be.free(yp)
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(np.float64)], ids=str)
+@pytest.mark.parametrize("rms", [False, True])
+@pytest.mark.parametrize(("rows", "cols"), [(3, 5), (700, 300)])
+@pytest.mark.parametrize("affine", [False, True])
+def test_layer_and_rms_norm(
+    be: CpuBackend, kernel_path: str, rms: bool, rows: int, cols: int, affine: bool, dtype: Any
+) -> None:
+    x = (RNG.standard_normal((rows, cols)) * 3 + 1).astype(dtype)
+    x[1, 2] = np.nan
+    scale, bias = RNG.standard_normal(cols).astype(dtype), RNG.standard_normal(cols).astype(dtype)
+    x64 = x.astype(np.float64)
+    mean = 0.0 if rms else x64.mean(axis=1, keepdims=True)
+    want = (x64 - mean) / np.sqrt(((x64 - mean) ** 2).mean(axis=1, keepdims=True) + 1e-5)
+    if affine:
+        want = want * scale + bias
+    xp, yp, sp, bp = put(be, x), put(be, np.zeros_like(x)), put(be, scale), put(be, bias)
+    kwargs = {"scale_ptr": sp, "bias_ptr": bp} if affine else {}
+    (be.rms_norm if rms else be.layer_norm)(xp, yp, rows, cols, 1e-5, dtype=dtype, **kwargs)
+    got = get(be, yp, x.shape, dtype)
+    assert np.isnan(got[1]).all() and not np.isnan(np.delete(got, 1, axis=0)).any()
+    np.testing.assert_allclose(got, want, rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-5)
+    for p in (xp, yp, sp, bp):
+        be.free(p)
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(np.float64)], ids=str)
+@pytest.mark.parametrize("shape", [(2, 3), (2, 4, 5, 6), (4, 64, 40, 40)])
+def test_batch_norm(be: CpuBackend, kernel_path: str, shape: Any, dtype: Any) -> None:
+    c = shape[1]
+    x = RNG.standard_normal(shape).astype(dtype)
+    scale, bias, mean = (RNG.standard_normal(c).astype(dtype) for _ in range(3))
+    var = RNG.random(c).astype(dtype)
+    var[0] = 0.0  # with eps = 0: (x - mean) / 0
+    expand = (slice(None),) + (None,) * (len(shape) - 2)
+    with np.errstate(all="ignore"):
+        want = (x.astype(np.float64) - mean[expand]) / np.sqrt(var[expand].astype(np.float64)) * scale[
+            expand
+        ] + bias[expand]
+    ptrs = [put(be, a) for a in (x, scale, bias, mean, var)]
+    yp = put(be, np.zeros_like(x))
+    be.batch_norm(ptrs[0], shape, *ptrs[1:], yp, 0.0, dtype=dtype)
+    got = get(be, yp, shape, dtype)
+    np.testing.assert_allclose(got, want, rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-6)
+    for p in [*ptrs, yp]:
+        be.free(p)
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(np.float64)], ids=str)
+@pytest.mark.parametrize(("size", "beta"), [(5, 0.75), (2, 0.6), (1, 1.0)])
+def test_lrn(be: CpuBackend, kernel_path: str, size: int, beta: float, dtype: Any) -> None:
+    x = RNG.standard_normal((2, 7, 5, 4)).astype(dtype)
+    alpha, bias = 1e-2, 1.5
+    x64 = x.astype(np.float64)
+    want = np.empty_like(x64)
+    for ch in range(7):
+        lo, hi = max(0, ch - (size - 1) // 2), min(6, ch + size // 2)
+        total = (x64[:, lo : hi + 1] ** 2).sum(axis=1)
+        want[:, ch] = x64[:, ch] / (bias + alpha / size * total) ** beta
+    xp, yp = put(be, x), put(be, np.zeros_like(x))
+    be.lrn(xp, yp, x.shape, size, alpha, beta, bias, dtype=dtype)
+    np.testing.assert_allclose(get(be, yp, x.shape, dtype), want, rtol=1e-5 if dtype == np.float32 else 1e-12)
+    be.free(xp)
+    be.free(yp)

@@ -30,12 +30,12 @@ from ._conv import ConvOps
 from ._elementwise import ElementwiseOps
 from ._gemm import GemmOps
 from ._movement import MovementOps
+from ._norm import NormOps
+from ._pool import PoolOps
 from ._runtime import cpu_name
 
 __all__ = ["CpuBackend"]
 
-#: The operations this backend implements (every one but those still to come).
-_OPS = tuple(op for op in ALL_OPS if op not in ("pool2d", "batch_norm", "layer_norm", "rms_norm", "lrn"))
 _F32 = frozenset({"float32"})
 _F32_F64 = frozenset({"float32", "float64"})
 _FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
@@ -53,7 +53,9 @@ def _block(name: str, value: object) -> int:
     return block
 
 
-class CpuBackend(GemmOps, ConvOps, AttentionOps, AxisOps, ElementwiseOps, CastOps, MovementOps):
+class CpuBackend(
+    GemmOps, ConvOps, PoolOps, AttentionOps, AxisOps, NormOps, ElementwiseOps, CastOps, MovementOps
+):
     """The host CPU: exact reference semantics at BLAS speed.
 
     Parameters
@@ -90,7 +92,7 @@ class CpuBackend(GemmOps, ConvOps, AttentionOps, AxisOps, ElementwiseOps, CastOp
         self._block_kv = block_kv
 
     def _native_dtypes(self) -> dict[str, frozenset[str]]:
-        table = {op: _F32_F64 for op in _OPS}
+        table = {op: _F32_F64 for op in ALL_OPS}
         table.update(gemm_mixed_precision=_F32, copy_dtod=_BYTES, fill=_FLOATS, cast=_FLOATS)
         return table
 

@@ -79,7 +79,9 @@ def copy_layout(src: FloatArray, src_origin: int, dst: FloatArray, dst_origin: i
     """``dst`` view = ``src`` view for a simplified layout (1-D arrays of one bit-copy type)."""
     shape, (ss, ds) = layout
     inner = int(np.argmin([abs(s) for s in ds])) if shape else 0
-    source_inner = int(np.argmin([abs(s) for s in ss])) if shape else 0
+    # The source's own innermost axis (a broadcast axis, stride 0, does not count).
+    walked = [(abs(s), i) for i, s in enumerate(ss) if s != 0]
+    source_inner = min(walked)[1] if walked else inner
     tiled = (
         len(shape) >= 2
         and source_inner != inner
