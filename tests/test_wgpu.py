@@ -238,6 +238,124 @@ def test_buffers_outlive_the_recorded_work_that_uses_them(be: Any) -> None:
     be.free(py)
 
 
+# ---------------------------------------------------------------------- 16-bit conversion
+#
+# wgpu_cast.wgsl converts on bit patterns, two 16-bit values per u32 word, each
+# invocation owning one output word; the base widens every op through it.
+
+
+def _same_floats(got: Array, want: Array) -> bool:
+    g, w = got.astype(np.float32), want.astype(np.float32)
+    return bool(np.all((g.view(np.uint32) == w.view(np.uint32)) | (np.isnan(g) & np.isnan(w))))
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_cast_every_16bit_pattern_and_back(be: Any, name: str) -> None:
+    dtype = np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(np.float16)
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(dtype)
+    ph, pw = put(be, every, dtype), be.alloc(4 << 16)
+    be.cast(ph, pw, 1 << 16, dtype=name, out_dtype="float32")
+    wide = get(be, pw, 1 << 16)
+    assert _same_floats(wide, every.astype(np.float32))
+    nan_bits = every.view(np.uint16)[np.isnan(every.astype(np.float32))]
+    be.cast(pw, ph, 1 << 16, dtype="float32", out_dtype=name)  # and back: NaN payloads too
+    back = get(be, ph, 1 << 16, np.uint16)
+    np.testing.assert_array_equal(back, every.view(np.uint16))
+    assert nan_bits.size and np.isin(nan_bits, back).all()
+    be.free(ph)
+    be.free(pw)
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_cast_rounds_to_nearest_even_into_odd_halves(be: Any, name: str) -> None:
+    dtype = np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(np.float16)
+    rng = np.random.default_rng(16)
+    bits = rng.integers(0, 1 << 32, 3000, dtype=np.uint64).astype(np.uint32)
+    ties = (rng.integers(0, 1 << 16, 500, dtype=np.uint32) << 16) | 0x8000  # bf16 halfway cases
+    specials = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 65504, 65520, 65519.996, 2.0**-25, 3e-8, 1e-45])
+    x = np.concatenate([bits.view(np.float32), ties.view(np.float32), specials.astype(np.float32)])
+    n = x.size
+    px = put(be, x)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = x.astype(dtype)
+    for first in (0, 1):  # element 1 starts in the high half of a word
+        canary = np.full(n + 3, 7.0, dtype)
+        po = put(be, canary, dtype)
+        be.cast(px, po + 2 * first, n, dtype="float32", out_dtype=name)
+        got = get(be, po, n + 3, dtype)
+        assert _same_floats(got[first : first + n], want)
+        np.testing.assert_array_equal(np.delete(got, np.s_[first : first + n]), canary[:3])
+        be.free(po)
+    be.free(px)
+
+
+def test_16bit_storage_runs_every_op_through_float32(be: Any) -> None:
+    x = np.linspace(-4, 4, 37).astype(np.float16)
+    px, po = put(be, x, np.float16), put(be, np.zeros(38, np.float16), np.float16)
+    be.unary("tanh", px, po + 2, 37, dtype="float16")
+    got = get(be, po, 38, np.float16)
+    assert got[0] == 0
+    np.testing.assert_allclose(
+        got[1:].astype(np.float32), np.tanh(x.astype(np.float64)), rtol=2e-3, atol=1e-3
+    )
+    be.free(px)
+    be.free(po)
+
+
+# ---------------------------------------------------------------------- WGSL special functions
+#
+# WGSL has no erf and its exp / pow lose accuracy with the argument; wgpu_math.wgsl
+# builds them from exact pieces. Checked against SciPy in float64.
+
+
+def _ulps(got: Array, want: Array) -> float:
+    w32 = want.astype(np.float32).astype(np.float64)
+    assert np.array_equal(np.isnan(got), np.isnan(w32))
+    fin = np.isfinite(w32) & (np.abs(w32) > 1e-37)
+    assert np.array_equal(got[~fin & ~np.isnan(w32)], w32[~fin & ~np.isnan(w32)])
+    return float((np.abs(got[fin] - want[fin]) / np.abs(want[fin])).max() / 2.0**-23)
+
+
+def test_erf_gelu_silu_are_accurate(be: Any) -> None:
+    import scipy.special
+
+    x = np.concatenate([np.linspace(-12, 12, 20001), [np.nan, np.inf, -np.inf, 0, -0.0, 1e-30]]).astype(F32)
+    x64 = x.astype(np.float64)
+    px, po = put(be, x), be.alloc(x.nbytes)
+    with np.errstate(all="ignore"):
+        refs = {
+            "erf": (scipy.special.erf(x64), 4),
+            "gelu": (0.5 * x64 * scipy.special.erfc(-x64 / np.sqrt(2)), 8),
+            "silu": (x64 / (1 + np.exp(-x64)), 8),
+        }
+    for op, (want, ulps) in refs.items():
+        be.unary(op, px, po, x.size)
+        if op in ("gelu", "silu"):
+            want[np.isneginf(x64)] = np.nan  # -inf * 0
+        assert _ulps(get(be, po, x.size).astype(np.float64), want) <= ulps, op
+    be.free(px)
+    be.free(po)
+
+
+def test_pow_follows_c(be: Any) -> None:
+    rng = np.random.default_rng(9)
+    pairs = [
+        (0.0, -1.0), (-0.0, -1.0), (-0.0, -2.0), (-0.0, 3.0), (np.inf, -2.0), (-np.inf, 3.0),
+        (-np.inf, -3.0), (-1.0, np.inf), (0.5, np.inf), (2.0, -np.inf), (np.nan, 0.0), (1.0, np.nan),
+        (-8.0, 1 / 3), (-2.0, 3.0), (-2.0, 2.0), (np.nan, 1.0), (2.0, np.nan), (-1.5, 1e30), (1e-40, 0.5),
+    ]  # fmt: skip
+    a = np.concatenate([rng.uniform(0, 10, 3000), 10 ** rng.uniform(-40, 38, 3000), [p[0] for p in pairs]])
+    b = np.concatenate([rng.uniform(-3, 3, 3000), rng.uniform(-1, 1, 3000), [p[1] for p in pairs]])
+    a, b = a.astype(F32), b.astype(F32)
+    pa, pb, po = put(be, a), put(be, b), be.alloc(a.nbytes)
+    be.binary("pow", pa, pb, po, a.size)
+    with np.errstate(all="ignore"):
+        want = np.power(a.astype(np.float64), b.astype(np.float64))
+    assert _ulps(get(be, po, a.size).astype(np.float64), want) <= 16
+    for p in (pa, pb, po):
+        be.free(p)
+
+
 # ---------------------------------------------------------------------- GEMM
 
 

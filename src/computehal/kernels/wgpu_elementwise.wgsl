@@ -7,6 +7,9 @@ struct Params {
     b_off: u32,
     o_off: u32,
     op: u32,
+    alpha: f32,
+    lo: f32,
+    hi: f32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -26,7 +29,7 @@ fn unary(
     if (i >= P.n) {
         return;
     }
-    O[P.o_off + i] = apply_unary(P.op, A[P.a_off + i]);
+    O[P.o_off + i] = apply_unary(P.op, A[P.a_off + i], P.alpha, P.lo, P.hi);
 }
 
 @compute @workgroup_size(256)

@@ -9,6 +9,9 @@ struct Params {
     b_off: u32,
     o_off: u32,
     op: u32,
+    alpha: f32,
+    lo: f32,
+    hi: f32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -30,7 +33,12 @@ fn unary4(
     }
     let x = A[P.a_off + i];
     let op = P.op;
-    O[P.o_off + i] = vec4<f32>(apply_unary(op, x.x), apply_unary(op, x.y), apply_unary(op, x.z), apply_unary(op, x.w));
+    O[P.o_off + i] = vec4<f32>(
+        apply_unary(op, x.x, P.alpha, P.lo, P.hi),
+        apply_unary(op, x.y, P.alpha, P.lo, P.hi),
+        apply_unary(op, x.z, P.alpha, P.lo, P.hi),
+        apply_unary(op, x.w, P.alpha, P.lo, P.hi),
+    );
 }
 
 @compute @workgroup_size(256)

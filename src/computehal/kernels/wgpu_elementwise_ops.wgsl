@@ -26,7 +26,8 @@ fn tanh_f32(x: f32) -> f32 {
     return select(t, -t, x < 0.0);
 }
 
-fn apply_unary(op: u32, x: f32) -> f32 {
+// alpha: LEAKY_RELU's slope; lo, hi: CLIP's bounds (unused by the other ops).
+fn apply_unary(op: u32, x: f32, alpha: f32, lo: f32, hi: f32) -> f32 {
     switch op {
         case UNARY_RELU: {
             // RELU: max(x, 0) with NaN -> 0.
@@ -73,8 +74,47 @@ fn apply_unary(op: u32, x: f32) -> f32 {
         case UNARY_ABS: {
             return bitcast<f32>(bitcast<u32>(x) & 0x7fffffffu);
         }
-        case UNARY_NEG, default: {
+        case UNARY_NEG: {
             return bitcast<f32>(bitcast<u32>(x) ^ 0x80000000u);
+        }
+        case UNARY_GELU: {
+            return gelu(x);
+        }
+        case UNARY_GELU_TANH: {
+            return gelu_tanh(x);
+        }
+        case UNARY_SILU: {
+            return silu(x);
+        }
+        case UNARY_ERF: {
+            return erf_f32(x);
+        }
+        case UNARY_RECIPROCAL: {
+            return ieee_div(1.0, x);
+        }
+        case UNARY_SQUARE: {
+            return x * x;
+        }
+        case UNARY_SIN, UNARY_COS: {
+            // sin / cos of +-inf are NaN (the builtins need not say so).
+            if (!is_finite(x)) {
+                return f32_nan();
+            }
+            return select(cos(x), sin(x), op == UNARY_SIN);
+        }
+        case UNARY_LEAKY_RELU: {
+            if (is_nan(x)) {
+                return x;
+            }
+            return select(alpha * x, x, x >= 0.0);
+        }
+        case UNARY_CLIP, default: {
+            // min(max(x, lo), hi); NaN stays NaN.
+            if (is_nan(x)) {
+                return x;
+            }
+            let low = select(x, lo, x < lo);
+            return select(low, hi, low > hi);
         }
     }
 }
@@ -117,8 +157,11 @@ fn apply_binary(op: u32, a: f32, b: f32) -> f32 {
         case BINARY_MAX: {
             return fmax_nan(a, b);
         }
-        case BINARY_MIN, default: {
+        case BINARY_MIN: {
             return fmin_nan(a, b);
+        }
+        case BINARY_POW, default: {
+            return pow_ieee(a, b);
         }
     }
 }

@@ -87,7 +87,13 @@ class WgpuBackend(TableBackend):
 
     def _native_dtypes(self) -> dict[str, frozenset[str]]:
         table = {op: _F32 for op in COMPUTE_OPS}
-        table.update(copy_dtod=frozenset({"uint8"}), fill=_STORAGE)
+        table.update(
+            copy_dtod=frozenset({"uint8"}),
+            fill=_STORAGE,
+            cast=_STORAGE,
+            copy_strided=_F32,
+            broadcast_binary=_F32,
+        )
         return table
 
     def _dtype_note(self, dtype: str) -> str:
@@ -190,6 +196,15 @@ class WgpuBackend(TableBackend):
 
     def _exec_binary(self, p: v.ElementwiseProblem) -> None:
         _elementwise.binary(self._g(), p)
+
+    def _exec_copy_strided(self, p: v.StridedProblem) -> None:
+        _movement.copy_strided(self._g(), p)
+
+    def _exec_cast(self, p: v.CastProblem) -> None:
+        _elementwise.cast(self._g(), p)
+
+    def _exec_broadcast_binary(self, p: v.BroadcastProblem) -> None:
+        _elementwise.broadcast_binary(self._g(), p)
 
     def _exec_gather(self, p: v.RowsProblem) -> None:
         _movement.gather(self._g(), p)

@@ -13,26 +13,45 @@ import numpy as np
 import numpy.typing as npt
 
 from ... import validation as v
+from ...memory import Region
 from .._common import ceil_div, refuse_extensions
 from ._device import Gpu
 from ._queue import Copy, Step, grid_1d, pack
+from ._shapes import collapse, vec6
 
-__all__ = ["copy_dtod", "fill", "gather", "scatter"]
+__all__ = ["copy_dtod", "copy_range", "copy_strided", "fill", "gather", "scatter"]
 
 
-def copy_dtod(gpu: Gpu, p: v.CopyProblem) -> None:
-    """Copy ``p.nbytes`` bytes from ``p.src`` to ``p.dst`` (identical ranges: nothing to do)."""
-    if p.src == p.dst:
+def copy_range(gpu: Gpu, src: Region, dst: Region) -> None:
+    """Copy ``dst.nbytes`` bytes from ``src`` to ``dst`` (not overlapping, or identical: nothing to do)."""
+    nbytes = dst.nbytes
+    if src == dst:
         return
-    src, dst = p.src, p.dst
-    if (src.offset | dst.offset | p.nbytes) % 4 == 0 and src.payload is not dst.payload:
-        gpu.run([], [Copy(src.payload, src.offset, dst.payload, dst.offset, p.nbytes)])
+    if (src.offset | dst.offset | nbytes) % 4 == 0 and src.payload is not dst.payload:
+        gpu.run([], [Copy(src.payload, src.offset, dst.payload, dst.offset, nbytes)])
         return
     bs = gpu.bind("src_ptr", src, align=1)
     bd = gpu.bind("dst_ptr", dst, align=1)
-    words = ceil_div(bd.byte + p.nbytes, 4) - bd.byte // 4
-    params = pack(words, bd.byte, bs.byte, p.nbytes, 0)
+    words = ceil_div(bd.byte + nbytes, 4) - bd.byte // 4
+    params = pack(words, bd.byte, bs.byte, nbytes, 0)
     gpu.run([Step("copy_bytes", params, (bs, bd), grid_1d(words, 256))])
+
+
+def copy_dtod(gpu: Gpu, p: v.CopyProblem) -> None:
+    """Copy ``p.nbytes`` bytes from ``p.src`` to ``p.dst``."""
+    copy_range(gpu, p.src, p.dst.sized(p.nbytes))
+
+
+def copy_strided(gpu: Gpu, p: v.StridedProblem) -> None:
+    """Copy a strided view of 32-bit elements (16-bit dtypes arrive widened by the base)."""
+    shape, (src_strides, dst_strides) = collapse(p.shape, p.src_strides, p.dst_strides)
+    bs, bd = gpu.bind("src_ptr", p.src), gpu.bind("dst_ptr", p.dst)
+    total = p.size
+    params = pack(
+        *vec6(shape), *vec6(src_strides), *vec6(dst_strides),
+        total, bs.elem + p.src_origin, bd.elem + p.dst_origin, len(shape),
+    )  # fmt: skip
+    gpu.run([Step("copy_strided", params, (bs, bd), grid_1d(total, 256))])
 
 
 def fill(gpu: Gpu, p: v.FillProblem) -> None:

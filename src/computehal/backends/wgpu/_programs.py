@@ -2,9 +2,8 @@
 
 Every kernel entry point is listed in :data:`KERNELS` with the WGSL files its module
 joins and the number of storage buffers it binds after the uniform at binding 0. A
-module's source is the op-code constants shared with Python
-(:func:`~computehal.backends._common.wgsl_consts`), then ``wgpu_common.wgsl``, then
-its files, read through the one kernel loader of :mod:`computehal.kernels`.
+module's source comes from the one kernel loader of :mod:`computehal.kernels`: the
+op-code constants shared with Python, then ``wgpu_common.wgsl``, then its files.
 Pipelines are keyed by entry point, so the cache is bounded by this table.
 """
 
@@ -18,8 +17,9 @@ from ._adapter import check, wgpu_module
 
 __all__ = ["KERNELS", "Programs", "module_source"]
 
-_ELEMENTWISE = "wgpu_elementwise_ops.wgsl+wgpu_elementwise.wgsl"
-_ELEMENTWISE4 = "wgpu_elementwise_ops.wgsl+wgpu_elementwise4.wgsl"
+_OPS = "wgpu_math.wgsl+wgpu_elementwise_ops.wgsl"
+_ELEMENTWISE = _OPS + "+wgpu_elementwise.wgsl"
+_ELEMENTWISE4 = _OPS + "+wgpu_elementwise4.wgsl"
 
 #: Kernel entry point -> (WGSL files joined by "+", storage buffers bound after the uniform).
 KERNELS: dict[str, tuple[str, int]] = {
@@ -46,13 +46,15 @@ KERNELS: dict[str, tuple[str, int]] = {
     "scatter": ("wgpu_rows.wgsl", 3),
     "fill_words": ("wgpu_movement.wgsl", 2),
     "copy_bytes": ("wgpu_movement.wgsl", 2),
+    "copy_strided": ("wgpu_strided.wgsl", 2),
+    "broadcast_binary": (_OPS + "+wgpu_broadcast.wgsl", 3),
+    "convert": ("wgpu_cast.wgsl", 2),
 }
 
 
 def module_source(files: str) -> str:
     """The WGSL of one shader module: op-code constants, common helpers, then ``files``."""
-    # The kernel loader puts the op-code constants in front of the joined sources once.
-    return kernel_source("+".join(["wgpu_common.wgsl", *files.split("+")]))
+    return kernel_source("wgpu_common.wgsl+" + files)
 
 
 class Programs:
