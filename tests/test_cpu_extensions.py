@@ -571,3 +571,171 @@ def test_lrn(be: CpuBackend, kernel_path: str, size: int, beta: float, dtype: An
     np.testing.assert_allclose(get(be, yp, x.shape, dtype), want, rtol=1e-5 if dtype == np.float32 else 1e-12)
     be.free(xp)
     be.free(yp)
+
+
+# --------------------------------------------------------------------------- convolution
+
+
+def _conv_positions(x_shape: Any, f_shape: Any, stride: Any, pads: Any, dil: Any) -> Iterator[Any]:
+    """(r, s, i, j, ih, iw) for every filter tap and output position that reads inside the input."""
+    _, _, h, w = x_shape
+    _, _, fh, fw = f_shape
+    pt, pl, pb, pr = pads
+    oh = (h + pt + pb - dil[0] * (fh - 1) - 1) // stride[0] + 1
+    ow = (w + pl + pr - dil[1] * (fw - 1) - 1) // stride[1] + 1
+    for r in range(fh):
+        for s in range(fw):
+            for i in range(oh):
+                for j in range(ow):
+                    ih, iw = i * stride[0] - pt + r * dil[0], j * stride[1] - pl + s * dil[1]
+                    if 0 <= ih < h and 0 <= iw < w:
+                        yield r, s, i, j, ih, iw
+
+
+def _conv_reference(x: Any, f: Any, stride: Any, pads: Any, dil: Any, groups: int) -> Any:
+    n, c, h, w = x.shape
+    k, cg, fh, fw = f.shape
+    pt, pl, pb, pr = pads
+    oh = (h + pt + pb - dil[0] * (fh - 1) - 1) // stride[0] + 1
+    ow = (w + pl + pr - dil[1] * (fw - 1) - 1) // stride[1] + 1
+    y, kg = np.zeros((n, k, oh, ow)), k // groups
+    for r, s, i, j, ih, iw in _conv_positions(x.shape, f.shape, stride, pads, dil):
+        for g in range(groups):
+            xs = x[:, g * cg : (g + 1) * cg, ih, iw].astype(np.float64)
+            y[:, g * kg : (g + 1) * kg, i, j] += xs @ f[g * kg : (g + 1) * kg, :, r, s].astype(np.float64).T
+    return y
+
+
+def _data_reference(gy: Any, f: Any, x_shape: Any, stride: Any, pads: Any, dil: Any, groups: int) -> Any:
+    k, cg, _, _ = f.shape
+    gx, kg = np.zeros(x_shape), k // groups
+    for r, s, i, j, ih, iw in _conv_positions(x_shape, f.shape, stride, pads, dil):
+        for g in range(groups):
+            grad = gy[:, g * kg : (g + 1) * kg, i, j].astype(np.float64)
+            gx[:, g * cg : (g + 1) * cg, ih, iw] += grad @ f[g * kg : (g + 1) * kg, :, r, s].astype(
+                np.float64
+            )
+    return gx
+
+
+def _filter_reference(x: Any, gy: Any, f_shape: Any, stride: Any, pads: Any, dil: Any, groups: int) -> Any:
+    k, cg, _, _ = f_shape
+    gf, kg = np.zeros(f_shape), k // groups
+    for r, s, i, j, ih, iw in _conv_positions(x.shape, f_shape, stride, pads, dil):
+        for g in range(groups):
+            grad = gy[:, g * kg : (g + 1) * kg, i, j].astype(np.float64)
+            xs = x[:, g * cg : (g + 1) * cg, ih, iw].astype(np.float64)
+            gf[g * kg : (g + 1) * kg, :, r, s] += grad.T @ xs
+    return gf
+
+
+CONV_CASES = [
+    # (x shape, f shape, stride, pads, dilation, groups)
+    ((2, 4, 7, 6), (6, 2, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 2),
+    ((2, 3, 8, 8), (4, 3, 3, 2), (1, 1), (0, 1, 2, 0), (2, 1), 1),
+    ((1, 4, 9, 9), (4, 1, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 4),  # depthwise
+    ((2, 3, 6, 7), (6, 1, 3, 3), (1, 1), (1, 0, 1, 2), (1, 2), 3),  # depthwise, multiplier 2
+    ((2, 6, 7, 7), (6, 2, 2, 3), (2, 1), (1, 2, 0, 1), (2, 1), 3),
+    ((1, 2, 5, 5), (3, 2, 1, 1), (1, 1), (2, 2, 2, 2), (1, 1), 1),  # 1x1 with padding
+    ((1, 2, 5, 5), (3, 2, 1, 1), (2, 2), (0, 0, 0, 0), (1, 1), 1),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(np.float64)], ids=str)
+@pytest.mark.parametrize(("xs", "fs", "stride", "pads", "dil", "groups"), CONV_CASES)
+def test_conv_extensions(
+    be: CpuBackend,
+    kernel_path: str,
+    xs: Any,
+    fs: Any,
+    stride: Any,
+    pads: Any,
+    dil: Any,
+    groups: int,
+    dtype: Any,
+) -> None:
+    x = RNG.standard_normal(xs).astype(dtype)
+    f = RNG.standard_normal(fs).astype(dtype)
+    bias = RNG.standard_normal(fs[0]).astype(dtype)
+    y = _conv_reference(x, f, stride, pads, dil, groups) + bias[None, :, None, None]
+    gy = RNG.standard_normal(y.shape).astype(dtype)
+    tol = {"rtol": 1e-4, "atol": 1e-5} if dtype == np.float32 else {"rtol": 1e-12, "atol": 1e-12}
+    xp, fp, bp, yp, gyp = (
+        put(be, x),
+        put(be, f),
+        put(be, bias),
+        put(be, np.zeros(y.shape, dtype)),
+        put(be, gy),
+    )
+    kw = {"dtype": dtype, "groups": groups, "dilation": dil}
+    be.conv2d_forward(xp, xs, fp, fs, yp, y.shape, stride, pads, bias_ptr=bp, **kw)
+    np.testing.assert_allclose(get(be, yp, y.shape, dtype), y, **tol)
+    gxp, gfp = put(be, np.zeros(xs, dtype)), put(be, np.zeros(fs, dtype))
+    be.conv2d_backward_data(gyp, y.shape, fp, fs, gxp, xs, stride, pads, **kw)
+    np.testing.assert_allclose(
+        get(be, gxp, xs, dtype), _data_reference(gy, f, xs, stride, pads, dil, groups), **tol
+    )
+    be.conv2d_backward_filter(xp, xs, gyp, y.shape, gfp, fs, stride, pads, **kw)
+    np.testing.assert_allclose(
+        get(be, gfp, fs, dtype), _filter_reference(x, gy, fs, stride, pads, dil, groups), **tol
+    )
+    for p in (xp, fp, bp, yp, gyp, gxp, gfp):
+        be.free(p)
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_conv_nan_reaches_only_what_reads_it(be: CpuBackend, case: int) -> None:
+    """A NaN filter tap or gradient reaches only the results it multiplies (never through padding)."""
+    xs, fs, stride, pads = [
+        ((1, 1, 3, 3), (1, 1, 2, 2), (1, 1), (0, 0, 0, 0)),  # the reported case
+        ((2, 3, 6, 6), (4, 3, 3, 3), (1, 1), (1, 1, 1, 1)),
+        ((2, 3, 7, 7), (4, 3, 3, 3), (2, 2), (1, 1, 1, 1)),
+        ((1, 2, 5, 5), (2, 1, 3, 3), (1, 1), (2, 1, 0, 1)),
+    ][case]
+    groups = xs[1] // fs[1]
+    x = RNG.standard_normal(xs).astype(np.float32)
+    f = RNG.standard_normal(fs).astype(np.float32)
+    f[0, 0, 0, 0] = np.nan
+    y = _conv_reference(x, f, stride, pads, (1, 1), groups)
+    gy = RNG.standard_normal(y.shape).astype(np.float32)
+    gy[0, 0, 0, 0] = np.inf
+    xp, fp, yp, gyp = put(be, x), put(be, f), put(be, np.zeros(y.shape, np.float32)), put(be, gy)
+    gxp, gfp = put(be, np.zeros(xs, np.float32)), put(be, np.zeros(fs, np.float32))
+    be.conv2d_forward(xp, xs, fp, fs, yp, y.shape, stride, pads, groups=groups)
+    be.conv2d_backward_data(gyp, y.shape, fp, fs, gxp, xs, stride, pads, groups=groups)
+    be.conv2d_backward_filter(xp, xs, gyp, y.shape, gfp, fs, stride, pads, groups=groups)
+    results = [
+        (get(be, yp, y.shape, np.float32), y),
+        (get(be, gxp, xs, np.float32), _data_reference(gy, f, xs, stride, pads, (1, 1), groups)),
+        (get(be, gfp, fs, np.float32), _filter_reference(x, gy, fs, stride, pads, (1, 1), groups)),
+    ]
+    assert not np.isnan(results[1][1]).all()  # the data gradient is NaN only where the tap reaches
+    for got, want in results:
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    for p in (xp, fp, yp, gyp, gxp, gfp):
+        be.free(p)
+
+
+def test_conv_huge_padding_needs_no_padded_copy(be: CpuBackend) -> None:
+    """A 1-pixel image padded by 40000 on every side: the 25.6 GB padded copy is never built."""
+    x = np.array([[[[3.0]]]], dtype=np.float32)
+    f = np.array([[[[2.0]]]], dtype=np.float32)
+    pad, stride = 40000, 40000
+    out = (1 + 2 * pad - 1) // stride + 1
+    xp, fp, yp = put(be, x), put(be, f), put(be, np.full((1, 1, out, out), 7.0, np.float32))
+    be.conv2d_forward(xp, (1, 1, 1, 1), fp, (1, 1, 1, 1), yp, (1, 1, out, out), (stride, stride), (pad, pad))
+    want = np.zeros((out, out), np.float32)
+    want[1, 1] = 6.0
+    np.testing.assert_array_equal(get(be, yp, (1, 1, out, out), np.float32)[0, 0], want)
+    gxp, gfp = put(be, np.zeros(1, np.float32)), put(be, np.zeros(1, np.float32))
+    gy = np.arange(out * out, dtype=np.float32).reshape(1, 1, out, out)
+    gyp = put(be, gy)
+    be.conv2d_backward_data(gyp, gy.shape, fp, (1, 1, 1, 1), gxp, (1, 1, 1, 1), (stride, stride), (pad, pad))
+    be.conv2d_backward_filter(
+        xp, (1, 1, 1, 1), gyp, gy.shape, gfp, (1, 1, 1, 1), (stride, stride), (pad, pad)
+    )
+    assert get(be, gxp, (1,), np.float32)[0] == 2.0 * gy[0, 0, 1, 1]
+    assert get(be, gfp, (1,), np.float32)[0] == 3.0 * gy[0, 0, 1, 1]
+    for p in (xp, fp, yp, gxp, gfp, gyp):
+        be.free(p)
