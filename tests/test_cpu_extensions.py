@@ -739,3 +739,76 @@ def test_conv_huge_padding_needs_no_padded_copy(be: CpuBackend) -> None:
     assert get(be, gfp, (1,), np.float32)[0] == 3.0 * gy[0, 0, 1, 1]
     for p in (xp, fp, yp, gxp, gfp, gyp):
         be.free(p)
+
+
+# --------------------------------------------------------------------------- attention
+
+
+def _attention_reference(q: Any, k: Any, v: Any, scale: float, causal: bool, mask: Any, kv_heads: int) -> Any:
+    """Full-matrix attention in float64; hidden keys (causal, or a -inf masked score) add nothing."""
+    q64, k64, v64 = (a.astype(np.float64) for a in (q, k, v))
+    group = q.shape[1] // kv_heads
+    k64, v64 = np.repeat(k64, group, axis=1), np.repeat(v64, group, axis=1)
+    sq, skv = q.shape[2], k.shape[2]
+    with np.errstate(all="ignore"):
+        scores = np.einsum("bhid,bhjd->bhij", q64, k64) * scale
+        if mask is not None:
+            scores = scores + mask.astype(np.float64)
+        visible = np.ones(scores.shape, dtype=bool)
+        if causal:
+            visible &= np.arange(skv)[None, :] <= np.arange(sq)[:, None] + (skv - sq)
+        visible &= scores != -np.inf
+        peak = np.max(np.where(visible, scores, -np.inf), axis=-1, keepdims=True)
+        peak = np.where(np.isneginf(peak), 0.0, peak)
+        weights = np.where(visible, np.exp(scores - peak), 0.0)
+        total = weights.sum(axis=-1, keepdims=True)
+        terms = np.where(visible[..., None], weights[..., None] * v64[:, :, None, :, :], 0.0)
+        out = terms.sum(axis=-2) / total
+    return np.where(visible.any(axis=-1)[..., None], out, 0.0)
+
+
+ATTENTION_CASES = [
+    # (batch, heads, kv_heads, seq_q, seq_kv, head_dim, causal, mask shape)
+    (2, 4, 2, 5, 9, 3, True, None),
+    (1, 2, 1, 7, 7, 4, False, (7, 7)),
+    (2, 3, 3, 6, 11, 2, True, (2, 1, 1, 11)),
+    (1, 4, 1, 1, 13, 5, True, (1, 4, 1, 13)),  # decoding one token with a cache
+    (2, 2, 2, 8, 5, 3, False, (2, 2, 8, 5)),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(np.float64)], ids=str)
+@pytest.mark.parametrize(("b", "h", "kvh", "sq", "skv", "d", "causal", "mshape"), ATTENTION_CASES)
+def test_attention_mask_and_grouped_heads(
+    kernel_path: str,
+    b: int,
+    h: int,
+    kvh: int,
+    sq: int,
+    skv: int,
+    d: int,
+    causal: bool,
+    mshape: Any,
+    dtype: Any,
+) -> None:
+    q = RNG.standard_normal((b, h, sq, d)).astype(dtype)
+    k = RNG.standard_normal((b, kvh, skv, d)).astype(dtype)
+    v = RNG.standard_normal((b, kvh, skv, d)).astype(dtype)
+    mask = None
+    if mshape is not None:
+        mask = RNG.standard_normal(mshape).astype(dtype)
+        mask[RNG.random(mshape) < 0.3] = -np.inf
+    v[0, 0, -1, 0] = np.nan  # a value the causal rule or the mask may hide
+    scale = 1 / math.sqrt(d)
+    want = _attention_reference(q, k, v, scale, causal, mask, kvh)
+    with CpuBackend(attention_block_q=3, attention_block_kv=4) as be:
+        ptrs = [put(be, a) for a in (q, k, v)]
+        op = put(be, np.zeros(q.shape, dtype))
+        extra: dict[str, Any] = {"kv_heads": kvh}
+        if mask is not None:
+            extra.update(mask_ptr=put(be, mask), mask_shape=mshape)
+        be.attention(*ptrs, op, b, h, sq, skv, d, scale, causal, dtype=dtype, **extra)
+        got = get(be, op, q.shape, dtype)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    tol = 2e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
