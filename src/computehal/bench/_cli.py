@@ -121,6 +121,33 @@ def _header(args: argparse.Namespace, out: TextIO) -> None:
     out.flush()
 
 
+def _chosen_groups(args: argparse.Namespace, out: TextIO, err: TextIO) -> list[str] | int:
+    """Import the plugins and resolve ``--groups``; an exit status after ``--list`` or an error."""
+    for module in args.plugin:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            err.write(f"computehal bench: cannot import plugin {module}: {exc}\n")
+            return 2
+    if args.list:
+        for group in registered_groups():
+            mark = "" if group.default else " (not run by default)"
+            out.write(f"{group.name:<12} {group.description}{mark}\n")
+        return 0
+    groups = [g.strip() for g in args.groups.split(",") if g.strip()] if args.groups else default_groups()
+    try:
+        unknown = [g for g in groups if find_group(g) is None]
+    except ImportError as exc:
+        err.write(f"computehal bench: a requested group cannot load: {exc}\n")
+        return 2
+    if unknown or not groups:
+        known = ", ".join(g.name for g in registered_groups())
+        missing = ", ".join(unknown) or "(none given)"
+        err.write(f"computehal bench: unknown group(s) {missing}; known: {known}\n")
+        return 2
+    return groups
+
+
 def main(
     argv: list[str] | None = None,
     out: TextIO | None = None,
@@ -150,29 +177,9 @@ def main(
     if args.repeats is not None and args.repeats < 1:
         err.write("computehal bench: --repeats must be >= 1\n")
         return 2
-    for module in args.plugin:
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            err.write(f"computehal bench: cannot import plugin {module}: {exc}\n")
-            return 2
-    if args.list:
-        for group in registered_groups():
-            mark = "" if group.default else " (not run by default)"
-            out.write(f"{group.name:<12} {group.description}{mark}\n")
-        return 0
-    groups = [g.strip() for g in args.groups.split(",") if g.strip()] if args.groups else default_groups()
-    try:
-        unknown = [g for g in groups if find_group(g) is None]
-    except ImportError as exc:
-        err.write(f"computehal bench: a requested group cannot load: {exc}\n")
-        return 2
-    if unknown or not groups:
-        known = ", ".join(g.name for g in registered_groups())
-        err.write(
-            f"computehal bench: unknown group(s) {', '.join(unknown) or '(none given)'}; known: {known}\n"
-        )
-        return 2
+    groups = _chosen_groups(args, out, err)
+    if isinstance(groups, int):
+        return groups
     stem = args.backend.replace(":", "-")
     json_path, plot_path = args.out / f"{stem}.json", args.out / f"{stem}-roofline.png"
     problem = _writable(args.out, [json_path] if args.no_plot else [json_path, plot_path])

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..errors import UnsupportedError
+from ..errors import BackendError, UnsupportedError
 
 __all__ = [
     "BLAS_SETTLE_SECONDS",
@@ -293,7 +293,8 @@ def measure(
         return base
     except Exception as exc:  # noqa: BLE001 - one failing op must not end the run
         base.status, base.note = "error", _describe(exc)
-        traceback.print_exc()
+        if not isinstance(exc, BackendError):
+            traceback.print_exc()  # outside the contract: show where it came from
         return base
     if case.verify is not None:
         try:
