@@ -929,62 +929,110 @@ def test_reduce_many_long_slices(be: Any) -> None:
 
 
 def conv_references(
-    x: Array, f: Array, g: Array, stride: tuple[int, int], pad: tuple[int, int]
+    x: Array,
+    f: Array,
+    g: Array,
+    stride: tuple[int, int],
+    pad: Any,
+    groups: int = 1,
+    dilation: tuple[int, int] = (1, 1),
 ) -> tuple[Array, Array, Array]:
-    """y = conv(x, f), and for the output gradient g: dL/dx, dL/df (NumPy windows, float64)."""
+    """y = conv(x, f), and for the output gradient g: dL/dx, dL/df (NumPy windows, float64).
+
+    ``pad`` is [ph, pw] or [top, left, bottom, right]; filter ``k`` sees the input
+    channels of its group. Windows are formed from the zero-padded input.
+    """
     n, c, h, w = x.shape
-    k, _, fh, fw = f.shape
-    (sh, sw), (ph, pw) = stride, pad
-    xp = np.zeros((n, c, h + 2 * ph, w + 2 * pw))
-    xp[:, :, ph : ph + h, pw : pw + w] = x
+    k, cg, fh, fw = f.shape
+    (sh, sw), (dh, dw) = stride, dilation
+    pt, pl, pb, pr = (pad[0], pad[1], pad[0], pad[1]) if len(pad) == 2 else pad
+    xp = np.zeros((n, c, h + pt + pb, w + pl + pr))
+    xp[:, :, pt : pt + h, pl : pl + w] = x
     oh, ow = g.shape[2:]
+    kg = k // groups
     win = np.empty((n, c, fh, fw, oh, ow))
     for r in range(fh):
         for s in range(fw):
-            win[:, :, r, s] = xp[:, :, r : r + sh * (oh - 1) + 1 : sh, s : s + sw * (ow - 1) + 1 : sw]
-    y = np.einsum("ncrsij,kcrs->nkij", win, f)
-    gf = np.einsum("ncrsij,nkij->kcrs", win, g)
+            win[:, :, r, s] = xp[
+                :, :, r * dh : r * dh + sh * (oh - 1) + 1 : sh, s * dw : s * dw + sw * (ow - 1) + 1 : sw
+            ]
+    y = np.empty((n, k, oh, ow))
+    gf = np.empty(f.shape)
     gxp = np.zeros_like(xp)
-    for r in range(fh):
-        for s in range(fw):
-            window = (
-                slice(None),
-                slice(None),
-                slice(r, r + sh * (oh - 1) + 1, sh),
-                slice(s, s + sw * (ow - 1) + 1, sw),
-            )
-            gxp[window] += np.einsum("nkij,kc->ncij", g, f[:, :, r, s])
-    return y, gxp[:, :, ph : ph + h, pw : pw + w], gf
+    for grp in range(groups):
+        cs, ks = slice(grp * cg, (grp + 1) * cg), slice(grp * kg, (grp + 1) * kg)
+        y[:, ks] = np.einsum("ncrsij,kcrs->nkij", win[:, cs], f[ks])
+        gf[ks] = np.einsum("ncrsij,nkij->kcrs", win[:, cs], g[:, ks])
+        for r in range(fh):
+            for s in range(fw):
+                rows = slice(r * dh, r * dh + sh * (oh - 1) + 1, sh)
+                cols = slice(s * dw, s * dw + sw * (ow - 1) + 1, sw)
+                gxp[:, cs, rows, cols] += np.einsum("nkij,kc->ncij", g[:, ks], f[ks, :, r, s])
+    return y, gxp[:, :, pt : pt + h, pl : pl + w], gf
 
 
-def check_conv(be: Any, xs: Any, fs: Any, stride: Any, pad: Any) -> None:
+def check_conv(
+    be: Any,
+    xs: Any,
+    fs: Any,
+    stride: Any,
+    pad: Any,
+    groups: int = 1,
+    dilation: Any = (1, 1),
+    bias: bool = False,
+) -> None:
     rng = np.random.default_rng(sum(xs) + sum(fs))
     x = rng.standard_normal(xs).astype(F32)
     f = rng.standard_normal(fs).astype(F32)
+    b = rng.standard_normal(fs[0]).astype(F32)
+    pt, pl, pb, pr = (pad[0], pad[1], pad[0], pad[1]) if len(pad) == 2 else pad
     ys = (
         xs[0],
         fs[0],
-        (xs[2] + 2 * pad[0] - fs[2]) // stride[0] + 1,
-        (xs[3] + 2 * pad[1] - fs[3]) // stride[1] + 1,
+        (xs[2] + pt + pb - dilation[0] * (fs[2] - 1) - 1) // stride[0] + 1,
+        (xs[3] + pl + pr - dilation[1] * (fs[3] - 1) - 1) // stride[1] + 1,
     )
     g = rng.standard_normal(ys).astype(F32)
     y_want, gx_want, gf_want = conv_references(
-        x.astype(np.float64), f.astype(np.float64), g.astype(np.float64), stride, pad
+        x.astype(np.float64), f.astype(np.float64), g.astype(np.float64), stride, pad, groups, dilation
     )
-    px, pf, pg = put(be, x), put(be, f), put(be, g)
+    px, pf, pg, pbias = put(be, x), put(be, f), put(be, g), put(be, b)
+    if bias:
+        y_want += b.astype(np.float64)[None, :, None, None]
     py, pgx, pgf = (put(be, np.full(shape, np.nan, F32)) for shape in (ys, xs, fs))
-    be.conv2d_forward(px, xs, pf, fs, py, ys, stride, pad)
-    be.conv2d_backward_data(pg, ys, pf, fs, pgx, xs, stride, pad)
-    be.conv2d_backward_filter(px, xs, pg, ys, pgf, fs, stride, pad)
-    terms = {"y": xs[1] * fs[2] * fs[3], "gx": fs[0] * fs[2] * fs[3], "gf": xs[0] * ys[2] * ys[3]}
+    kw = {"groups": groups, "dilation": dilation}
+    be.conv2d_forward(px, xs, pf, fs, py, ys, stride, pad, bias_ptr=pbias if bias else None, **kw)
+    be.conv2d_backward_data(pg, ys, pf, fs, pgx, xs, stride, pad, **kw)
+    be.conv2d_backward_filter(px, xs, pg, ys, pgf, fs, stride, pad, **kw)
+    terms = {"y": fs[1] * fs[2] * fs[3], "gx": fs[0] * fs[2] * fs[3], "gf": xs[0] * ys[2] * ys[3]}
     for name, ptr, want in (("y", py, y_want), ("gx", pgx, gx_want), ("gf", pgf, gf_want)):
         got = get(be, ptr, want.shape)
         # Float32 sums of many terms: error relative to the typical magnitude of the sums,
         # growing like the square root of the number of terms.
         scale = max(1.0, float(np.sqrt(np.mean(want**2))))
         np.testing.assert_allclose(got / scale, want / scale, rtol=0, atol=2e-6 * np.sqrt(terms[name]) + 1e-5)
-    for p in (px, pf, pg, py, pgx, pgf):
+    for p in (px, pf, pg, pbias, py, pgx, pgf):
         be.free(p)
+
+
+#: (input, filter, stride, padding, groups, dilation, bias): grouped, depthwise (the
+#: tiled kernel, and the generic one for a patch too large to stage), dilated,
+#: four-sided padding.
+CONV_FEATURES = [
+    ((2, 4, 7, 8), (6, 2, 3, 3), (1, 1), (1, 1), 2, (1, 1), True),
+    ((1, 32, 40, 37), (32, 1, 3, 3), (1, 1), (1, 1, 1, 1), 32, (1, 1), True),
+    ((2, 3, 10, 11), (6, 1, 3, 2), (2, 1), (0, 2, 1, 0), 3, (2, 3), False),
+    ((1, 16, 30, 30), (16, 1, 3, 3), (3, 3), (1, 1), 16, (4, 4), True),
+    ((1, 4, 12, 9), (4, 2, 5, 5), (2, 2), (2, 1, 0, 3), 2, (1, 2), True),
+]
+
+
+@pytest.mark.parametrize("xs,fs,stride,pad,groups,dilation,bias", CONV_FEATURES)
+def test_conv2d_groups_dilation_padding_bias(
+    be: Any, tight: Any, xs: Any, fs: Any, stride: Any, pad: Any, groups: int, dilation: Any, bias: bool
+) -> None:
+    for backend in (be, tight):
+        check_conv(backend, xs, fs, stride, pad, groups, dilation, bias)
 
 
 @pytest.mark.parametrize(
