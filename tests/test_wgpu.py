@@ -1179,6 +1179,39 @@ def test_conv2d_split_at_a_small_budget(tight: Any, xs: Any, fs: Any, stride: An
     check_conv(tight, (3, 2, 40, 45), (2, 2, 3, 2), (2, 1), (1, 0))  # one image, bands of rows
 
 
+def pool_reference(x: Array, op: str, kernel: Any, stride: Any, pads: Any, include_pad: bool) -> Array:
+    """Max / average pooling by explicit windows (NaN-ignoring max, IEEE average), float64."""
+    n, c, h, w = x.shape
+    (kh, kw), (sh, sw), (pt, pl, pb, pr) = kernel, stride, pads
+    oh, ow = (h + pt + pb - kh) // sh + 1, (w + pl + pr - kw) // sw + 1
+    out = np.empty((n, c, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            r0, c0 = i * sh - pt, j * sw - pl
+            win = x[:, :, max(r0, 0) : min(r0 + kh, h), max(c0, 0) : min(c0 + kw, w)].reshape(n, c, -1)
+            if op == "max":
+                out[:, :, i, j] = np.fmax.reduce(win, axis=2, initial=-np.inf)
+            else:
+                inside = (min(r0 + kh, h + pb) - max(r0, -pt)) * (min(c0 + kw, w + pr) - max(c0, -pl))
+                out[:, :, i, j] = win.sum(axis=2) / (inside if include_pad else win.shape[2])
+    return out
+
+
+@pytest.mark.parametrize("op", ["max", "avg"])
+def test_pool2d_large_windows_split_rows(tight: Any, op: str) -> None:
+    """Global pooling of a large image: on a tight budget the window rows run in bands."""
+    x = np.random.default_rng(4).standard_normal((2, 3, 50, 60)).astype(F32)
+    x[0, 1, 30, 7] = np.nan
+    px = put(tight, x)
+    for kernel, stride, pads in (((50, 60), (1, 1), (0, 0, 0, 0)), ((9, 20), (7, 9), (2, 3, 4, 5))):
+        want = pool_reference(x.astype(np.float64), op, kernel, stride, pads, True)
+        py = tight.alloc(4 * want.size)
+        tight.pool2d(op, px, x.shape, py, want.shape, kernel, stride, pads, count_include_pad=True)
+        np.testing.assert_allclose(get(tight, py, want.shape), want, rtol=1e-5, atol=1e-6)
+        tight.free(py)
+    tight.free(px)
+
+
 @pytest.mark.parametrize("dims", [(1, 2, 5, 7, 4), (2, 1, 7, 5, 3), (1, 1, 9, 40, 130), (1, 2, 16, 40, 64)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_split_at_a_small_budget(tight: Any, dims: tuple[int, ...], causal: bool) -> None:

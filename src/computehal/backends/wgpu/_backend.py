@@ -19,7 +19,7 @@ from ...memory import AddressSpace, Allocation, Region
 from ...types import Capabilities, DeviceInfo
 from .._base import TableBackend, guarded
 from .._common import round_up
-from . import _attention, _axis, _conv, _elementwise, _gemm, _movement
+from . import _attention, _axis, _conv, _elementwise, _gemm, _movement, _pool
 from ._adapter import adapter_kind, capabilities_of, device_info, ordered_adapters
 from ._device import Gpu
 
@@ -93,6 +93,7 @@ class WgpuBackend(TableBackend):
             cast=_STORAGE,
             copy_strided=_F32,
             broadcast_binary=_F32,
+            pool2d=_F32,
         )
         return table
 
@@ -181,6 +182,9 @@ class WgpuBackend(TableBackend):
 
     def _exec_conv2d_backward_filter(self, p: v.ConvProblem) -> None:
         _conv.conv2d_backward_filter(self._g(), p)
+
+    def _exec_pool2d(self, p: v.PoolProblem) -> None:
+        _pool.pool2d(self._g(), p)
 
     def _exec_attention(self, p: v.AttentionProblem) -> None:
         _attention.attention(self._g(), p)

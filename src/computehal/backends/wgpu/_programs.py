@@ -50,6 +50,7 @@ KERNELS: dict[str, tuple[str, int]] = {
     "copy_strided": ("wgpu_strided.wgsl", 2),
     "broadcast_binary": (_OPS + "+wgpu_broadcast.wgsl", 3),
     "convert": ("wgpu_cast.wgsl", 2),
+    "pool2d": ("wgpu_pool.wgsl", 2),
 }
 
 
