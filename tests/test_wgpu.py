@@ -356,6 +356,59 @@ def test_pow_follows_c(be: Any) -> None:
         be.free(p)
 
 
+# ---------------------------------------------------------------------- extension ops
+#
+# A compact check of the extension kernels against NumPy (the conformance kit checks
+# them in depth on every backend).
+
+
+def test_strided_broadcast_and_normalisation_kernels(be: Any) -> None:
+    rng = np.random.default_rng(13)
+    src = rng.standard_normal((3, 4, 5)).astype(F32)
+    ps, pd = put(be, src), be.alloc(src.nbytes)
+    be.copy_strided(pd, ps + 4 * 4, (5, 4, 3), (-1, 5, 20), (12, 3, 1))  # permute with a reversed axis
+    np.testing.assert_array_equal(get(be, pd, (5, 4, 3)), np.transpose(src[:, :, ::-1], (2, 1, 0)))
+    b = rng.standard_normal((4, 1)).astype(F32)
+    pb = put(be, b)
+    be.broadcast_binary("sub", ps, src.shape, pb, b.shape, pd, src.shape)
+    np.testing.assert_array_equal(get(be, pd, src.shape), src - b)
+    x = (rng.standard_normal((6, 37)) * 3 + 1).astype(F32)
+    x[2, 5] = np.nan
+    scale, bias = rng.standard_normal(37).astype(F32), rng.standard_normal(37).astype(F32)
+    px, py, psc, pbi = put(be, x), be.alloc(x.nbytes), put(be, scale), put(be, bias)
+    x64 = x.astype(np.float64)
+    be.layer_norm(px, py, 6, 37, 1e-5, scale_ptr=psc, bias_ptr=pbi)
+    mean = x64.mean(1, keepdims=True)
+    want = (x64 - mean) / np.sqrt(((x64 - mean) ** 2).mean(1, keepdims=True) + 1e-5) * scale + bias
+    np.testing.assert_allclose(get(be, py, x.shape), want, rtol=1e-5, atol=1e-5)
+    be.rms_norm(px, py, 6, 37, 1e-5)
+    want = x64 / np.sqrt((x64**2).mean(1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(get(be, py, x.shape), want, rtol=1e-5, atol=1e-5)
+    be.softmax(px, py, [6, 37], 1, log=True)
+    want = (
+        x64
+        - x64.max(1, keepdims=True)
+        - np.log(np.exp(x64 - x64.max(1, keepdims=True)).sum(1, keepdims=True))
+    )
+    np.testing.assert_allclose(get(be, py, x.shape), want, rtol=1e-5, atol=1e-5)
+    shape, c = (2, 6, 3, 4), 6
+    z = rng.standard_normal(shape).astype(F32)
+    mu, var = rng.standard_normal(c).astype(F32), rng.uniform(0.5, 2, c).astype(F32)
+    pz, pmu, pvar = put(be, z), put(be, mu), put(be, var)
+    be.batch_norm(pz, shape, psc, pbi, pmu, pvar, py, 1e-3)
+    col = (slice(None), None, None)
+    want = (z - mu[col]) / np.sqrt(var[col] + 1e-3) * scale[:c][col] + bias[:c][col]
+    np.testing.assert_allclose(get(be, py, shape), want, rtol=1e-5, atol=1e-5)
+    be.lrn(pz, py, shape, 3, 1e-2, 0.75, 2.0)
+    sq = np.pad(z.astype(np.float64) ** 2, ((0, 0), (1, 1), (0, 0), (0, 0)))
+    window = sq[:, :-2] + sq[:, 1:-1] + sq[:, 2:]
+    np.testing.assert_allclose(
+        get(be, py, shape), z / (2.0 + 1e-2 / 3 * window) ** 0.75, rtol=1e-5, atol=1e-6
+    )
+    for p in (ps, pd, pb, px, py, psc, pbi, pz, pmu, pvar):
+        be.free(p)
+
+
 # ---------------------------------------------------------------------- GEMM
 
 
@@ -1228,6 +1281,80 @@ def test_attention_split_at_a_small_budget(tight: Any, dims: tuple[int, ...], ca
     np.testing.assert_allclose(get(tight, pq, q.shape), want, rtol=1e-5, atol=1e-5)
     for p in (pq, pk, pv, po):
         tight.free(p)
+
+
+def masked_attention_reference(
+    q: Array, k: Array, v: Array, scale: float, causal: bool, mask: Array | None
+) -> Array:
+    """Grouped-query attention with an additive mask, float64: a key is visible when the causal
+    rule allows it and its masked score is not -inf; NaN or +inf among visible scores: NaN row."""
+    heads, sq, skv = q.shape[1], q.shape[2], k.shape[2]
+    k, v = (np.repeat(t, heads // t.shape[1], axis=1) for t in (k, v))
+    with np.errstate(all="ignore"):
+        s = np.einsum("bhid,bhjd->bhij", q, k) * scale
+        if mask is not None:
+            s = s + np.broadcast_to(mask, s.shape)
+        vis = ~(s == -np.inf)
+        if causal:
+            vis &= np.arange(skv)[None, :] <= np.arange(sq)[:, None] + (skv - sq)
+        finite = np.where(vis & np.isfinite(s), s, -np.inf)
+        peak = np.where(vis.any(-1, keepdims=True), finite.max(-1, keepdims=True), 0.0)
+        w = np.where(vis, np.exp(np.where(vis, s, 0.0) - np.where(np.isfinite(peak), peak, 0.0)), 0.0)
+        out = np.einsum("bhij,bhjd->bhid", w / np.maximum(w.sum(-1, keepdims=True), 1e-300), v)
+        bad = (vis & ~np.isfinite(s)).any(-1)[..., None]
+    return np.where(bad, np.nan, np.where(vis.any(-1)[..., None], out, 0.0))
+
+
+@pytest.mark.parametrize(
+    "dims,kv_heads,mask_shape,causal",
+    [
+        ((2, 4, 5, 7, 8), 2, (7,), False),
+        ((1, 4, 3, 9, 16), 1, (1, 4, 3, 9), True),  # decoding shape: seq_q < seq_kv
+        ((2, 2, 6, 6, 4), 2, (2, 1, 6, 6), True),
+        ((1, 2, 30, 40, 130), 1, (30, 40), True),  # two accumulator chunks
+    ],
+)
+def test_attention_mask_and_grouped_heads(
+    be: Any, tight: Any, dims: tuple[int, ...], kv_heads: int, mask_shape: tuple[int, ...], causal: bool
+) -> None:
+    """Masks (broadcast, -inf entries, a fully masked row, a NaN) and grouped-query heads, in one
+    pass and, on a tight loop budget, in key ranges carrying the online-softmax state."""
+    b, h, sq, skv, d = dims
+    rng = np.random.default_rng(sq * 7 + skv)
+    q = rng.standard_normal((b, h, sq, d)).astype(F32)
+    k, v = (rng.standard_normal((b, kv_heads, skv, d)).astype(F32) for _ in range(2))
+    mask = rng.standard_normal(mask_shape).astype(F32)
+    mask.reshape(-1)[::3] = -np.inf
+    mask.reshape(-1)[:skv] = -np.inf  # a row that sees no key: zeros
+    if mask.size > skv + 1:
+        mask.reshape(-1)[skv + 1] = np.nan
+    want = masked_attention_reference(
+        *(t.astype(np.float64) for t in (q, k, v)), 0.3, causal, mask.astype(np.float64)
+    )
+    for backend in (be, tight):
+        pq, pk, pv, pm = (put(backend, t) for t in (q, k, v, mask))
+        po = put(backend, np.full(q.shape, 5.0, F32))
+        backend.attention(
+            pq,
+            pk,
+            pv,
+            po,
+            b,
+            h,
+            sq,
+            skv,
+            d,
+            0.3,
+            causal,
+            mask_ptr=pm,
+            mask_shape=mask_shape,
+            kv_heads=kv_heads,
+        )
+        got = get(backend, po, q.shape)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_allclose(np.nan_to_num(got), np.nan_to_num(want), rtol=1e-5, atol=1e-5)
+        for p in (pq, pk, pv, pm, po):
+            backend.free(p)
 
 
 def test_unsplittable_work_is_refused_on_llvmpipe(be: Any) -> None:

@@ -1,12 +1,17 @@
 // Scaled dot-product attention with an online softmax, one invocation per query row.
 //
-// Q, O: [batch * heads, seq_q, head_dim]; K, V: [batch * heads, seq_kv, head_dim],
-// row-major float32. Keys are streamed one at a time with a running maximum, running
+// Q, O: [batch * heads, seq_q, head_dim]; K, V: [batch * kv_heads, seq_kv, head_dim],
+// row-major float32; query head h reads key/value head h / group (grouped-query
+// attention). An optional additive mask M is read through element strides over
+// [batch, heads, seq_q, seq_kv] (0 along its broadcast dimensions) and added to the
+// scaled scores. Keys are streamed one at a time with a running maximum, running
 // sum and a private accumulator, so no seq_q x seq_kv score matrix ever exists; memory
 // is O(head_dim) per invocation. Head dimensions above DC are processed in chunks of DC
 // output columns (the scores are recomputed per chunk). Causal masking is bottom-right
-// aligned: query i sees key j iff j <= i + causal_offset. A query that sees no key gets
-// a zero row.
+// aligned: query i sees key j iff j <= i + causal_offset. A key is visible when the
+// causal rule allows it and its masked score is not -inf; a query that sees no key (its
+// running sum stays 0) gets a zero row. A NaN score, or +inf (exp(inf - inf)), makes
+// its row NaN.
 //
 // One dispatch may cover only part of the work: output columns [d_lo, d_hi) (multiples
 // of DC) and keys [kv_lo, kv_hi). Unless `first` is set, an invocation resumes the
@@ -36,6 +41,12 @@ struct Params {
     first: u32,
     last: u32,
     s_stride: u32,
+    heads: u32, // query heads per batch
+    kv_heads: u32,
+    group: u32, // heads / kv_heads
+    has_mask: u32,
+    m_off: u32,
+    m_stride: vec4<u32>, // mask element strides over [batch, heads, seq_q, seq_kv]
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -44,6 +55,7 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> V: array<f32>;
 @group(0) @binding(4) var<storage, read_write> O: array<f32>;
 @group(0) @binding(5) var<storage, read_write> S: array<f32>;
+@group(0) @binding(6) var<storage, read_write> M: array<f32>;
 
 const WG: u32 = 64u;
 const DC: u32 = 128u;
@@ -70,8 +82,12 @@ fn attention(
     let row = head * P.seq_q + i;
     let q_base = P.q_off + row * P.d;
     let o_base = P.o_off + row * P.d;
-    let k_head = P.k_off + head * P.seq_kv * P.d;
-    let v_head = P.v_off + head * P.seq_kv * P.d;
+    let b = head / P.heads;
+    let h = head % P.heads;
+    let kv = b * P.kv_heads + h / P.group;
+    let k_head = P.k_off + kv * P.seq_kv * P.d;
+    let v_head = P.v_off + kv * P.seq_kv * P.d;
+    let m_row = P.m_off + b * P.m_stride.x + h * P.m_stride.y + i * P.m_stride.z;
 
     var kv_end = P.seq_kv;
     var kv_end_block = P.seq_kv;
@@ -118,7 +134,11 @@ fn attention(
                 score = fma(Q[q_base + d], K[k_row + d], score);
             }
             score *= P.scale;
-            let visible = j < kv_end;
+            var visible = j < kv_end;
+            if (P.has_mask != 0u) {
+                score += M[m_row + j * P.m_stride.w];
+                visible = visible && bitcast<u32>(score) != 0xff800000u;
+            }
             let new_max = select(running_max, max(running_max, score), visible);
             let correction = exp(running_max - new_max);
             let weight = select(0.0, exp(score - new_max), visible);
@@ -143,7 +163,7 @@ fn attention(
                 }
                 S[s_ms] = running_max;
                 S[s_ms + 1u] = running_sum;
-            } else if (kv_end == 0u) {
+            } else if (running_sum == 0.0) {
                 for (var d = 0u; d < dn; d++) {
                     O[o_base + d0 + d] = 0.0;
                 }

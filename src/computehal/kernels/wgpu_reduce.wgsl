@@ -141,6 +141,19 @@ fn reduce_partial(
     }
 }
 
+// One output of a softmax slice with maximum `peak` and sum of exp(x - peak) `total`:
+// exp(x - peak) / total, or with op 1 (log-softmax) x - peak - log(total), so that -inf
+// entries stay -inf. A poisoned slice is NaN.
+fn softmax_value(x: f32, peak: f32, total: f32, poisoned: bool) -> f32 {
+    if (poisoned) {
+        return f32_nan();
+    }
+    if (P.op == 1u) {
+        return (x - peak) - log(total);
+    }
+    return exp(x - peak) / total;
+}
+
 // Softmax of one slice. peak = fmax over the slice from -inf; a NaN anywhere, or a
 // peak that is not finite (all -inf, or a +inf present), makes the slice NaN exactly
 // as IEEE arithmetic of exp(x - peak) / sum would.
@@ -169,11 +182,9 @@ fn softmax_thread(
     for (var l = 0u; l < P.length; l++) {
         total += exp(X[P.in_off + base + l * P.inner] - peak);
     }
-    let inv = 1.0 / total;
     for (var l = 0u; l < P.length; l++) {
         let idx = base + l * P.inner;
-        let e = exp(X[P.in_off + idx] - peak);
-        Y[P.out_off + idx] = select(e * inv, f32_nan(), poisoned);
+        Y[P.out_off + idx] = softmax_value(X[P.in_off + idx], peak, total, poisoned);
     }
 }
 
@@ -216,11 +227,10 @@ fn softmax_group(
     }
     partial[lidx] = total;
     tree(REDUCE_SUM, lidx);
-    let inv = 1.0 / partial[0];
+    let slice_total = partial[0];
     for (var l = lidx; l < P.length; l += WG) {
         let idx = base + l * P.inner;
-        let e = exp(X[P.in_off + idx] - slice_peak);
-        Y[P.out_off + idx] = select(e * inv, f32_nan(), poisoned);
+        Y[P.out_off + idx] = softmax_value(X[P.in_off + idx], slice_peak, slice_total, poisoned);
     }
 }
 
@@ -336,10 +346,9 @@ fn softmax_split_write(
     }
     partial[lidx] = total;
     tree(REDUCE_SUM, lidx);
-    let inv = 1.0 / partial[0];
+    let slice_total = partial[0];
     for (var l = lo + lidx; l < hi; l += WG) {
         let idx = base + l * P.inner;
-        let e = exp(X[P.in_off + idx] - peak);
-        Y[P.out_off + idx] = select(e * inv, f32_nan(), poisoned);
+        Y[P.out_off + idx] = softmax_value(X[P.in_off + idx], peak, slice_total, poisoned);
     }
 }

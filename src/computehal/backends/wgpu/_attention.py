@@ -1,17 +1,18 @@
 """Scaled dot-product attention (wgpu_attention.wgsl): an online softmax, one invocation per query row.
 
-Keys stream through each invocation with a running maximum, sum and accumulator, so
-memory stays linear in the sequence length. On llvmpipe, where one invocation may not
-loop over all keys, a column chunk and a range of keys run per dispatch and every
-row's online-softmax state is carried between dispatches in a scratch buffer, so the
-result is that of a single pass.
+An additive mask (read through broadcast strides), grouped-query heads and
+``seq_q != seq_kv`` are parameters of the same kernel. Keys stream through each
+invocation with a running maximum, sum and accumulator, so memory stays linear in the
+sequence length. On llvmpipe, where one invocation may not loop over all keys, a column
+chunk and a range of keys run per dispatch and every row's online-softmax state is
+carried between dispatches in a scratch buffer, so the result is that of a single pass.
 """
 
 from __future__ import annotations
 
 from ... import validation as v
 from ...errors import UnsupportedError
-from .._common import ceil_div, refuse_extensions
+from .._common import ceil_div
 from ._device import Gpu
 from ._queue import MAX_GROUPS, Step, pack
 
@@ -23,7 +24,6 @@ DC = 128
 
 def attention(gpu: Gpu, p: v.AttentionProblem) -> None:
     """Run validated attention."""
-    refuse_extensions("wgpu", "attention", p)
     heads = p.batch * p.heads
     bq, bk, bv, bo = (
         gpu.bind(n, r) for n, r in (("q_ptr", p.q), ("k_ptr", p.k), ("v_ptr", p.v), ("o_ptr", p.o))
@@ -44,11 +44,14 @@ def attention(gpu: Gpu, p: v.AttentionProblem) -> None:
     fixed = 3 * (dc + 1) + 4
     one_pass = chunks * (p.seq_kv * per_key + fixed) + 1
     stride = p.head_dim + 2 * chunks
+    bm = gpu.dummy() if p.mask is None else gpu.bind("mask_ptr", p.mask)
     base = (heads, p.seq_q, p.seq_kv, p.head_dim, p.causal, offset, bq.elem, bk.elem, bv.elem, bo.elem)
+    # heads, kv_heads, group, has_mask, mask offset, a pad word (the strides are a vec4), strides.
+    tail = (p.heads, p.kv_heads, p.group, p.mask is not None, bm.elem, 0, *p.mask_strides)
     scale = float(p.scale)
     if gpu.loop_budget is None or one_pass <= gpu.loop_budget:
-        params = pack(*base, scale, 0, p.head_dim, 0, p.seq_kv, 1, 1, stride)
-        gpu.run([Step("attention", params, (bq, bk, bv, bo, gpu.dummy()), grid)])
+        params = pack(*base, scale, 0, p.head_dim, 0, p.seq_kv, 1, 1, stride, *tail)
+        gpu.run([Step("attention", params, (bq, bk, bv, bo, gpu.dummy(), bm), grid)])
         return
     keys = (gpu.loop_budget - fixed - 2) // per_key
     gpu.check_loops(
@@ -60,6 +63,7 @@ def attention(gpu: Gpu, p: v.AttentionProblem) -> None:
         d_lo, d_hi = c * DC, min(p.head_dim, (c + 1) * DC)
         for kv_lo in range(0, p.seq_kv, keys):
             kv_hi = min(p.seq_kv, kv_lo + keys)
-            params = pack(*base, scale, d_lo, d_hi, kv_lo, kv_hi, kv_lo == 0, kv_hi == p.seq_kv, stride)
-            steps.append(Step("attention", params, (bq, bk, bv, bo, bs), grid))
+            flags = (kv_lo == 0, kv_hi == p.seq_kv)
+            params = pack(*base, scale, d_lo, d_hi, kv_lo, kv_hi, *flags, stride, *tail)
+            steps.append(Step("attention", params, (bq, bk, bv, bo, bs, bm), grid))
     gpu.run(steps, retire=[state])

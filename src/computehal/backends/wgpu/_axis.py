@@ -11,7 +11,7 @@ from __future__ import annotations
 from ... import validation as v
 from ...errors import UnsupportedError
 from ...types import ReduceOp
-from .._common import REDUCE_CODES, ceil_div, refuse_extensions
+from .._common import REDUCE_CODES, ceil_div
 from ._device import Gpu
 from ._queue import MAX_GROUPS, Binding, Step, grid_1d, pack
 
@@ -80,7 +80,7 @@ def _split(gpu: Gpu, p: v.AxisProblem, name: str, op_code: int, src: Binding, ds
         ]
     else:
         temp, bt = gpu.temporary(12 * slices * chunks, "computehal-partials")
-        params = pack(p.outer, p.length, p.inner, src.elem, dst.elem, 0, slices, chunk, p.length)
+        params = pack(p.outer, p.length, p.inner, src.elem, dst.elem, op_code, slices, chunk, p.length)
         steps = [
             Step(f"softmax_split_{stage}", params, (src, dst, bt), grid)
             for stage in ("stats", "sums", "write")
@@ -95,6 +95,5 @@ def reduce(gpu: Gpu, p: v.AxisProblem) -> None:
 
 
 def softmax(gpu: Gpu, p: v.AxisProblem) -> None:
-    """Run a validated softmax."""
-    refuse_extensions("wgpu", "softmax", p)
-    _axis_kernel(gpu, p, "softmax", 0)
+    """Run a validated softmax (op code 1: log-softmax)."""
+    _axis_kernel(gpu, p, "softmax", 1 if p.log else 0)

@@ -19,7 +19,7 @@ from ...memory import AddressSpace, Allocation, Region
 from ...types import Capabilities, DeviceInfo
 from .._base import TableBackend, guarded
 from .._common import round_up
-from . import _attention, _axis, _conv, _elementwise, _gemm, _movement, _pool
+from . import _attention, _axis, _conv, _elementwise, _gemm, _movement, _norm, _pool
 from ._adapter import adapter_kind, capabilities_of, device_info, ordered_adapters
 from ._device import Gpu
 
@@ -94,6 +94,10 @@ class WgpuBackend(TableBackend):
             copy_strided=_F32,
             broadcast_binary=_F32,
             pool2d=_F32,
+            layer_norm=_F32,
+            rms_norm=_F32,
+            batch_norm=_F32,
+            lrn=_F32,
         )
         return table
 
@@ -194,6 +198,18 @@ class WgpuBackend(TableBackend):
 
     def _exec_softmax(self, p: v.AxisProblem) -> None:
         _axis.softmax(self._g(), p)
+
+    def _exec_layer_norm(self, p: v.NormProblem) -> None:
+        _norm.row_norm(self._g(), p)
+
+    def _exec_rms_norm(self, p: v.NormProblem) -> None:
+        _norm.row_norm(self._g(), p)
+
+    def _exec_batch_norm(self, p: v.BatchNormProblem) -> None:
+        _norm.batch_norm(self._g(), p)
+
+    def _exec_lrn(self, p: v.LrnProblem) -> None:
+        _norm.lrn(self._g(), p)
 
     def _exec_unary(self, p: v.ElementwiseProblem) -> None:
         _elementwise.unary(self._g(), p)

@@ -34,7 +34,7 @@ KERNELS: dict[str, tuple[str, int]] = {
     "conv_depthwise": ("wgpu_conv.wgsl", 4),
     "conv_backward_data": ("wgpu_conv.wgsl", 4),
     "conv_backward_filter": ("wgpu_conv.wgsl", 4),
-    "attention": ("wgpu_attention.wgsl", 5),
+    "attention": ("wgpu_attention.wgsl", 6),
     "reduce_thread": ("wgpu_reduce.wgsl", 2),
     "reduce_group": ("wgpu_reduce.wgsl", 2),
     "reduce_partial": ("wgpu_reduce.wgsl", 2),
@@ -51,6 +51,9 @@ KERNELS: dict[str, tuple[str, int]] = {
     "broadcast_binary": (_OPS + "+wgpu_broadcast.wgsl", 3),
     "convert": ("wgpu_cast.wgsl", 2),
     "pool2d": ("wgpu_pool.wgsl", 2),
+    "row_norm": ("wgpu_math.wgsl+wgpu_norm.wgsl", 6),
+    "batch_norm": ("wgpu_math.wgsl+wgpu_norm.wgsl", 6),
+    "lrn": ("wgpu_math.wgsl+wgpu_norm.wgsl", 6),
 }
 
 
