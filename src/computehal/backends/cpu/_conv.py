@@ -3,6 +3,8 @@ four-sided padding and bias.
 
 Each hook picks an algorithm for the problem:
 
+* shape-specific algorithms first (:mod:`._conv_select`: Winograd for 3x3 stride-1
+  layers, ...), where one applies;
 * depthwise convolutions (one input channel per group) have their own kernels: a
   compiled one for the forward pass (:mod:`._kconv`), NumPy over all channels per tap
   for the gradients (:mod:`._conv_exact`);
@@ -23,6 +25,7 @@ from ... import validation as v
 from ._blas import gemm_at
 from ._conv_algorithms import Geometry, col2im, conv_s1, conv_s1_filter_grad, im2col
 from ._conv_exact import backward_data, backward_filter, forward
+from ._conv_select import fast_backward_data, fast_backward_filter, fast_forward
 from ._plumbing import CpuPlumbing, FloatArray
 from ._runtime import PARALLEL_THRESHOLD, kernels, parallel_ranges
 
@@ -65,6 +68,8 @@ class ConvOps(CpuPlumbing):
         bias = None if p.bias is None else self._flat(p.bias, p.dtype)
         if p.c == 0:
             y[...] = bias[None, :, None, None] if bias is not None else 0
+            return
+        if fast_forward(p, x, f, y, bias):
             return
         if p.depthwise and self._depthwise_forward(p, x, f, y, bias):
             return
@@ -116,6 +121,8 @@ class ConvOps(CpuPlumbing):
 
     def _exec_conv2d_backward_data(self, p: v.ConvProblem) -> None:
         gx, f, gy = self._operands(p)
+        if fast_backward_data(p, gy, f, gx):
+            return
         g = _geometry(p)
         if p.depthwise or _padding_heavy(p):
             backward_data(gy, f, gx, g, p.groups)
@@ -140,6 +147,8 @@ class ConvOps(CpuPlumbing):
 
     def _exec_conv2d_backward_filter(self, p: v.ConvProblem) -> None:
         x, gf, gy = self._operands(p)
+        if fast_backward_filter(p, x, gy, gf):
+            return
         g = _geometry(p)
         if p.depthwise or _padding_heavy(p) or (_padded(p) and not _finite(gy)):
             backward_filter(x, gy, gf, g, p.groups)

@@ -1,0 +1,535 @@
+"""Winograd F(4x4, 3x3) convolution kernels for float32 (numba).
+
+A 3x3 stride-1 convolution computes each 4x4 block ("tile") of output pixels from the
+6x6 input patch under it. Winograd's minimal filtering algorithm F(4x4, 3x3) writes the
+tile as ``A^T [(G g G^T) o (B^T d B)] A`` (``o``: element-wise product of 6x6 matrices,
+``d`` the patch, ``g`` the 3x3 filter), so that summed over the input channels, each
+of the 36 transformed positions is one GEMM::
+
+    M[xi] (tiles x K) = V[xi] (tiles x C) @ U[xi] (C x K)
+
+with ``V = B^T d B`` per tile and input channel and ``U = G g G^T`` per filter. That is
+36 multiply-adds per tile and channel pair instead of the direct definition's 144
+(4x fewer), at the cost of the three linear transforms, which touch each value a few
+times and are memory-bound. The interpolation points are 0, +-1, +-2 and infinity (the
+matrices below, as in Lavin and Gray, "Fast Algorithms for Convolutional Neural
+Networks", 2016).
+
+The same bilinear form gives the filter gradient: summing ``G^T [(A dY A^T) o V] G``
+over tiles, the tile sum moves inside, so each transformed position is again one GEMM
+(``dU[xi] (C x K) = V[xi]^T @ (A dY A^T)[xi]``, reduced over every tile of every image)
+followed by one small inverse transform per filter. The data gradient is the forward
+convolution of the output gradient with the flipped, transposed filter.
+
+Rounding: the transforms add and scale values of one 6x6 patch, so an output's error
+is a few times its direct-definition error, relative to the patch's magnitude rather
+than only its own window's (``tests/test_cpu_perf.py`` measures it against the direct
+definition under the conformance kit's tolerance). A non-finite value would spread to
+every output of its tile (``inf - inf``), so every kernel reports whether all of its
+inputs were finite, and the caller takes an exact algorithm otherwise.
+
+Layout: the transforms are vectorised over channels. Each work item (a range of tile
+rows of one image, or several whole images) packs its input rows channels-last and
+zero-padded into scratch, transforms them into ``V`` ([36, tiles, C]), runs the 36 GEMMs
+(:func:`._nb.sgemm`, single-threaded BLAS on the caller's worker thread) into ``M``
+([36, tiles, K]), transforms ``M`` back into a channels-last output block, and stores
+that block into the NCHW output. All scratch comes from one flat float32 array per
+thread (sizes from :func:`forward_scratch` / :func:`filter_grad_scratch`).
+"""
+
+# The function bodies are numba nopython code: numba types them, and numba's stubs
+# cannot describe that to mypy.
+# mypy: ignore-errors
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._nb import NO, YES, as_int, jit, sgemm, transpose8
+
+__all__ = [
+    "filter_transform",
+    "filter_untransform",
+    "forward_item",
+    "forward_scratch",
+    "filter_grad_item",
+    "filter_grad_scratch",
+    "warm_up",
+]
+
+_F = np.float32
+_Q = _F(0.25)
+_S6 = _F(1.0 / 6.0)
+_S12 = _F(1.0 / 12.0)
+_S24 = _F(1.0 / 24.0)
+_TWO = _F(2.0)
+_FOUR = _F(4.0)
+_FIVE = _F(5.0)
+_EIGHT = _F(8.0)
+_EXP_MASK = np.int32(0x7F800000)  # exponent bits all set: inf or NaN
+
+
+@jit
+def _g(g0, g1, g2):
+    """``G @ [g0, g1, g2]`` (6 values)."""
+    s = (g0 + g2) * _S6
+    t = g0 * _S24 + g2 * _S6
+    return g0 * _Q, -(s + g1 * _S6), g1 * _S6 - s, t + g1 * _S12, t - g1 * _S12, g2
+
+
+@jit
+def _gt(v0, v1, v2, v3, v4, v5):
+    """``G^T @ [v0 .. v5]`` (3 values)."""
+    a = v1 + v2
+    b = v3 + v4
+    return (
+        v0 * _Q - a * _S6 + b * _S24,
+        (v2 - v1) * _S6 + (v3 - v4) * _S12,
+        (b - a) * _S6 + v5,
+    )
+
+
+@jit
+def _bt(d0, d1, d2, d3, d4, d5):
+    """``B^T @ [d0 .. d5]`` (6 values)."""
+    p = d4 - _FOUR * d2
+    q = d3 - _FOUR * d1
+    r = d4 - d2
+    s = _TWO * (d3 - d1)
+    return (
+        _FOUR * d0 - _FIVE * d2 + d4,
+        p + q,
+        p - q,
+        r + s,
+        r - s,
+        _FOUR * d1 - _FIVE * d3 + d5,
+    )
+
+
+@jit
+def _at4(m0, m1, m2, m3, m4, m5):
+    """``A^T @ [m0 .. m5]`` (4 values)."""
+    a = m1 + m2
+    b = m1 - m2
+    c = m3 + m4
+    d = m3 - m4
+    return m0 + a + c, b + _TWO * d, a + _FOUR * c, b + _EIGHT * d + m5
+
+
+@jit
+def _a6(y0, y1, y2, y3):
+    """``A @ [y0 .. y3]`` (6 values): the adjoint of :func:`_at4`."""
+    a = y0 + y2
+    b = y1 + y3
+    c = y0 + _FOUR * y2
+    d = _TWO * y1 + _EIGHT * y3
+    return y0, a + b, a - b, c + d, c - d, y3
+
+
+@jit
+def filter_transform(ft, u):
+    """``u[xi, c, k] = (G g G^T)[xi]`` for the filters ``g = ft[c, :, :, k]``.
+
+    ``ft`` is [Cin, 3, 3, Kout] (C-contiguous), ``u`` a flat array of 36 * Cin * Kout.
+    Returns False when a filter value is not finite.
+    """
+    cin, kout = ft.shape[0], ft.shape[3]
+    plane = cin * kout
+    bad = 0
+    for c in range(cin):
+        for k in range(kout):
+            rows = np.empty((6, 3), dtype=np.float32)  # G g, kept in registers by LLVM
+            for s in range(3):
+                g0, g1, g2 = ft[c, 0, s, k], ft[c, 1, s, k], ft[c, 2, s, k]
+                bad |= (as_int(g0) & _EXP_MASK) == _EXP_MASK
+                bad |= (as_int(g1) & _EXP_MASK) == _EXP_MASK
+                bad |= (as_int(g2) & _EXP_MASK) == _EXP_MASK
+                t0, t1, t2, t3, t4, t5 = _g(g0, g1, g2)
+                rows[0, s] = t0
+                rows[1, s] = t1
+                rows[2, s] = t2
+                rows[3, s] = t3
+                rows[4, s] = t4
+                rows[5, s] = t5
+            base = c * kout + k
+            for a in range(6):
+                e0, e1, e2, e3, e4, e5 = _g(rows[a, 0], rows[a, 1], rows[a, 2])
+                o = (a * 6) * plane + base
+                u[o] = e0
+                u[o + plane] = e1
+                u[o + 2 * plane] = e2
+                u[o + 3 * plane] = e3
+                u[o + 4 * plane] = e4
+                u[o + 5 * plane] = e5
+    return bad == 0
+
+
+@jit
+def filter_untransform(du, out):
+    """``out[c, :, :, k] = G^T du[:, c, k] G`` (the filter gradient from its 36 positions).
+
+    ``du`` is flat [36, C, K]; ``out`` is [C, 3, 3, K].
+    """
+    cin, kout = out.shape[0], out.shape[3]
+    plane = cin * kout
+    for c in range(cin):
+        for k in range(kout):
+            base = c * kout + k
+            cols = np.empty((3, 6), dtype=np.float32)
+            for b in range(6):
+                o = b * plane + base
+                r0, r1, r2 = _gt(
+                    du[o], du[o + 6 * plane], du[o + 12 * plane],
+                    du[o + 18 * plane], du[o + 24 * plane], du[o + 30 * plane],
+                )  # fmt: skip
+                cols[0, b] = r0
+                cols[1, b] = r1
+                cols[2, b] = r2
+            for r in range(3):
+                s0, s1, s2 = _gt(cols[r, 0], cols[r, 1], cols[r, 2], cols[r, 3], cols[r, 4], cols[r, 5])
+                out[c, r, 0, k] = s0
+                out[c, r, 1, k] = s1
+                out[c, r, 2, k] = s2
+
+
+@jit
+def _non_finite(row):
+    """1 when a value of the float32 row is inf or NaN, else 0 (an or-reduction that vectorises)."""
+    bad = 0
+    for i in range(row.shape[0]):
+        bad |= (as_int(row[i]) & _EXP_MASK) == _EXP_MASK
+    return bad
+
+
+@jit
+def _to_channels_last(src, n, h0, w0, rows, cols, out):
+    """``out[r * cols + j, c] = src[n, c, h0 + r, w0 + j]`` (0 outside ``src``); 1 if one was not finite.
+
+    ``out`` is 2-D [rows * cols, C]; the interior moves in 8 x 8 register transposes.
+    """
+    cin, height, width = src.shape[1], src.shape[2], src.shape[3]
+    flat = src.reshape(-1)
+    dst = out.reshape(-1)
+    plane = height * width
+    lo = min(cols, max(0, -w0))  # first column inside the image
+    hi = max(lo, min(cols, width - w0))  # one past the last
+    c8 = cin - cin % 8
+    bad = 0
+    for r in range(rows):
+        h = h0 + r
+        if h < 0 or h >= height:
+            out[r * cols : (r + 1) * cols, :] = 0
+            continue
+        out[r * cols : r * cols + lo, :] = 0
+        out[r * cols + hi : (r + 1) * cols, :] = 0
+        for c in range(cin):
+            bad |= _non_finite(src[n, c, h, w0 + lo : w0 + hi])
+        base = ((n * cin) * height + h) * width + w0
+        j = lo
+        while j + 8 <= hi:
+            for c in range(0, c8, 8):
+                transpose8(flat, base + c * plane + j, plane, dst, (r * cols + j) * cin + c, cin)
+            j += 8
+        for jj in range(j, hi):
+            for c in range(c8):
+                out[r * cols + jj, c] = src[n, c, h, w0 + jj]
+        for c in range(c8, cin):
+            for jj in range(lo, hi):
+                out[r * cols + jj, c] = src[n, c, h, w0 + jj]
+    return bad
+
+
+@jit
+def _bt_lines(src, s, ss, dst, d, ds, count):
+    """``dst[d + b * ds, i] = (B^T [src[s + j * ss, i] for j < 6])[b]`` for ``i < count``.
+
+    Rows of 2-D arrays, the loop variable the last index: the addresses stay affine in
+    ``i`` (an index computed as ``base + i`` would get numba's negative-index fix-up in
+    the loop and become a gather). One output stream per loop: LLVM cannot tell the
+    arrays apart, and a loop with a single store and a few load streams is vectorised
+    behind a cheap runtime overlap check.
+    """
+    for i in range(count):
+        dst[d, i] = _FOUR * src[s, i] - _FIVE * src[s + 2 * ss, i] + src[s + 4 * ss, i]
+    d += ds
+    for i in range(count):
+        p = src[s + 4 * ss, i] - _FOUR * src[s + 2 * ss, i]
+        dst[d, i] = p + (src[s + 3 * ss, i] - _FOUR * src[s + ss, i])
+    d += ds
+    for i in range(count):
+        p = src[s + 4 * ss, i] - _FOUR * src[s + 2 * ss, i]
+        dst[d, i] = p - (src[s + 3 * ss, i] - _FOUR * src[s + ss, i])
+    d += ds
+    for i in range(count):
+        r = src[s + 4 * ss, i] - src[s + 2 * ss, i]
+        dst[d, i] = r + _TWO * (src[s + 3 * ss, i] - src[s + ss, i])
+    d += ds
+    for i in range(count):
+        r = src[s + 4 * ss, i] - src[s + 2 * ss, i]
+        dst[d, i] = r - _TWO * (src[s + 3 * ss, i] - src[s + ss, i])
+    d += ds
+    for i in range(count):
+        dst[d, i] = _FOUR * src[s + ss, i] - _FIVE * src[s + 3 * ss, i] + src[s + 5 * ss, i]
+
+
+@jit
+def _at_lines(src, s, ss, dst, d, ds, count):
+    """``dst[d + o * ds, i] = (A^T [src[s + j * ss, i] for j < 6])[o]`` for ``i < count``."""
+    for i in range(count):
+        dst[d, i] = src[s, i] + src[s + ss, i] + src[s + 2 * ss, i] + src[s + 3 * ss, i] + src[s + 4 * ss, i]
+    d += ds
+    for i in range(count):
+        dst[d, i] = (src[s + ss, i] - src[s + 2 * ss, i]) + _TWO * (src[s + 3 * ss, i] - src[s + 4 * ss, i])
+    d += ds
+    for i in range(count):
+        dst[d, i] = (src[s + ss, i] + src[s + 2 * ss, i]) + _FOUR * (src[s + 3 * ss, i] + src[s + 4 * ss, i])
+    d += ds
+    for i in range(count):
+        dst[d, i] = (
+            (src[s + ss, i] - src[s + 2 * ss, i])
+            + _EIGHT * (src[s + 3 * ss, i] - src[s + 4 * ss, i])
+            + src[s + 5 * ss, i]
+        )
+
+
+@jit
+def _a_lines(src, s, ss, dst, d, ds, count):
+    """``dst[d + a * ds, i] = (A [src[s + j * ss, i] for j < 4])[a]`` for ``i < count``."""
+    for i in range(count):
+        dst[d, i] = src[s, i]
+    d += ds
+    for i in range(count):
+        dst[d, i] = (src[s, i] + src[s + 2 * ss, i]) + (src[s + ss, i] + src[s + 3 * ss, i])
+    d += ds
+    for i in range(count):
+        dst[d, i] = (src[s, i] + src[s + 2 * ss, i]) - (src[s + ss, i] + src[s + 3 * ss, i])
+    d += ds
+    for i in range(count):
+        dst[d, i] = (src[s, i] + _FOUR * src[s + 2 * ss, i]) + (
+            _TWO * src[s + ss, i] + _EIGHT * src[s + 3 * ss, i]
+        )
+    d += ds
+    for i in range(count):
+        dst[d, i] = (src[s, i] + _FOUR * src[s + 2 * ss, i]) - (
+            _TWO * src[s + ss, i] + _EIGHT * src[s + 3 * ss, i]
+        )
+    d += ds
+    for i in range(count):
+        dst[d, i] = src[s + 3 * ss, i]
+
+
+@jit
+def _input_transform(xp, rows_t, tw_count, cin, tmp, v, t0, tiles):
+    """Tiles of ``rows_t`` tile rows packed in ``xp`` ([4 rows_t + 2, (4 TW + 2) C]) into ``v``.
+
+    ``tmp`` is [6 (4 TW + 2), C]; ``v`` is [36 tiles, C] (row ``xi * tiles + t``); the tiles
+    go to positions ``t0 ..``.
+    """
+    width = 4 * tw_count + 2
+    strip = tmp.reshape((6, width * cin))
+    for lt in range(rows_t):
+        # Down the columns: the 6 rows of a strip of patches -> the 6 rows of B^T d.
+        _bt_lines(xp, 4 * lt, 1, strip, 0, 1, width * cin)
+        # Along the rows of each tile: (B^T d) B.
+        for tw in range(tw_count):
+            t = t0 + lt * tw_count + tw
+            for a in range(6):
+                _bt_lines(tmp, a * width + 4 * tw, 1, v, a * 6 * tiles + t, tiles, cin)
+
+
+@jit
+def _output_transform(m, t0, rows_t, tw_count, kout, tiles, tt, yo):
+    """Tiles ``t0 ..`` of ``m`` ([36 tiles, K]) into ``yo`` ([4 rows_t 4 TW, K]); ``tt`` is [24, K]."""
+    ow_pad = 4 * tw_count
+    for lt in range(rows_t):
+        for tw in range(tw_count):
+            t = t0 + lt * tw_count + tw
+            # Down the columns: A^T m, into tt [4, 6, K].
+            for b in range(6):
+                _at_lines(m, b * tiles + t, 6 * tiles, tt, b, 6, kout)
+            # Along the rows: (A^T m) A, into the channels-last output block.
+            for i in range(4):
+                _at_lines(tt, i * 6, 1, yo, (4 * lt + i) * ow_pad + 4 * tw, 1, kout)
+
+
+@jit
+def _store(yo, ow_pad, kout, y, n, oh0, rows, bias, has_bias):
+    """``y[n, k, oh0 + r, w] = yo[r * ow_pad + w, k] (+ bias[k])`` for the rows inside ``y``."""
+    height, width = y.shape[2], y.shape[3]
+    rows = min(rows, height - oh0)
+    src = yo.reshape(-1)
+    flat = y.reshape(-1)
+    plane = height * width
+    k8 = kout - kout % 8
+    w8 = width - width % 8
+    for r in range(rows):
+        base = ((n * kout) * height + oh0 + r) * width
+        for w in range(0, w8, 8):
+            for k in range(0, k8, 8):
+                transpose8(src, (r * ow_pad + w) * kout + k, kout, flat, base + k * plane + w, plane)
+        for k in range(k8):
+            for w in range(w8, width):
+                y[n, k, oh0 + r, w] = yo[r * ow_pad + w, k]
+        for k in range(k8, kout):
+            for w in range(width):
+                y[n, k, oh0 + r, w] = yo[r * ow_pad + w, k]
+        if has_bias:
+            for k in range(kout):
+                dst = y[n, k, oh0 + r]
+                b = bias[k]
+                for w in range(width):
+                    dst[w] += b
+
+
+def forward_scratch(images: int, rows_t: int, tw_count: int, cin: int, kout: int) -> int:
+    """Float32 elements of scratch one :func:`forward_item` call needs."""
+    tiles = images * rows_t * tw_count
+    width = 4 * tw_count + 2
+    return (
+        (4 * rows_t + 2) * width * cin  # packed input of one image
+        + 6 * width * cin  # one strip after B^T
+        + 36 * tiles * (cin + kout)  # V and M
+        + 24 * kout  # A^T m of one tile
+        + 16 * rows_t * tw_count * kout  # output block of one image
+    )
+
+
+@jit
+def forward_item(x, y, u, bias, has_bias, n0, n1, th0, th1, pt, pl, work):
+    """Output tile rows ``[th0, th1)`` of images ``[n0, n1)`` of a 3x3 stride-1 convolution.
+
+    ``x`` [N, C, H, W], ``y`` [N, K, OH, OW], ``u`` flat [36, C, K] (:func:`filter_transform`);
+    output pixel (oh, ow) reads input (oh - pt + r, ow - pl + s). ``work`` holds at least
+    :func:`forward_scratch` elements. Returns False (``y`` then unspecified) when an
+    input value was not finite.
+    """
+    cin, kout = x.shape[1], u.shape[0] // (36 * x.shape[1])
+    tw_count = (y.shape[3] + 3) // 4
+    rows_t = th1 - th0
+    tiles = (n1 - n0) * rows_t * tw_count
+    width = 4 * tw_count + 2
+    xp_size = (4 * rows_t + 2) * width * cin
+    tmp_off = xp_size
+    v_off = tmp_off + 6 * width * cin
+    m_off = v_off + 36 * tiles * cin
+    tt_off = m_off + 36 * tiles * kout
+    yo_off = tt_off + 24 * kout
+    xp = work[:tmp_off]
+    xp2 = xp.reshape((4 * rows_t + 2, width * cin))
+    tmp = work[tmp_off:v_off].reshape((6 * width, cin))
+    v = work[v_off:m_off]
+    v2 = v.reshape((36 * tiles, cin))
+    m = work[m_off:tt_off]
+    bad = 0
+    for n in range(n0, n1):
+        bad |= _to_channels_last(x, n, 4 * th0 - pt, -pl, 4 * rows_t + 2, width, xp.reshape((-1, cin)))
+        t0 = (n - n0) * rows_t * tw_count
+        _input_transform(xp2, rows_t, tw_count, cin, tmp, v2, t0, tiles)
+    if bad:
+        return False
+    for xi in range(36):
+        # Column-major: M[xi]^T (K x tiles) = U[xi]^T (K x C) @ V[xi]^T (C x tiles).
+        sgemm(
+            NO, NO, kout, tiles, cin, 1.0,
+            u, xi * cin * kout, kout, v, xi * tiles * cin, cin, 0.0, m, xi * tiles * kout, kout,
+        )  # fmt: skip
+    m2 = m.reshape((36 * tiles, kout))
+    tt = work[tt_off:yo_off].reshape((24, kout))
+    yo = work[yo_off : yo_off + 16 * rows_t * tw_count * kout].reshape((16 * rows_t * tw_count, kout))
+    for n in range(n0, n1):
+        t0 = (n - n0) * rows_t * tw_count
+        _output_transform(m2, t0, rows_t, tw_count, kout, tiles, tt, yo)
+        _store(yo, 4 * tw_count, kout, y, n, 4 * th0, 4 * rows_t, bias, has_bias)
+    return True
+
+
+@jit
+def _grad_transform(gp, rows_t, tw_count, kout, tmp, mg, t0, tiles):
+    """``mg[xi, t, k] = (A dY A^T)[xi]`` for the 4x4 gradient tiles packed in ``gp``.
+
+    ``gp`` is [4 rows_t 4 TW, K], ``tmp`` [24, K], ``mg`` [36 tiles, K].
+    """
+    ow_pad = 4 * tw_count
+    for lt in range(rows_t):
+        for tw in range(tw_count):
+            t = t0 + lt * tw_count + tw
+            # Down the columns: A y for each of the 4 columns of the tile, into tmp [6, 4, K].
+            for j in range(4):
+                _a_lines(gp, 4 * lt * ow_pad + 4 * tw + j, ow_pad, tmp, j, 4, kout)
+            # Along the rows: (A y) A^T.
+            for a in range(6):
+                _a_lines(tmp, a * 4, 1, mg, a * 6 * tiles + t, tiles, kout)
+
+
+def filter_grad_scratch(images: int, rows_t: int, tw_count: int, cin: int, kout: int) -> int:
+    """Float32 elements of scratch one :func:`filter_grad_item` call needs."""
+    tiles = images * rows_t * tw_count
+    width = 4 * tw_count + 2
+    return (
+        (4 * rows_t + 2) * width * cin
+        + 6 * width * cin
+        + 36 * tiles * (cin + kout)
+        + 16 * rows_t * tw_count * kout  # packed gradient rows of one image
+        + 24 * kout  # A y of one tile
+    )
+
+
+@jit
+def filter_grad_item(x, gy, du, n0, n1, th0, th1, pt, pl, work):
+    """Add the filter gradient of tile rows ``[th0, th1)`` of images ``[n0, n1)`` to ``du``.
+
+    ``x`` [N, C, H, W], ``gy`` [N, K, OH, OW], ``du`` flat [36, C, K] (accumulated in place;
+    :func:`filter_untransform` turns the total into the gradient). Returns False when
+    an input value was not finite.
+    """
+    cin, kout = x.shape[1], gy.shape[1]
+    tw_count = (gy.shape[3] + 3) // 4
+    rows_t = th1 - th0
+    tiles = (n1 - n0) * rows_t * tw_count
+    width = 4 * tw_count + 2
+    xp_size = (4 * rows_t + 2) * width * cin
+    tmp_off = xp_size
+    v_off = tmp_off + 6 * width * cin
+    m_off = v_off + 36 * tiles * cin
+    gp_off = m_off + 36 * tiles * kout
+    gsize = 16 * rows_t * tw_count * kout
+    xp = work[:tmp_off]
+    xp2 = xp.reshape((4 * rows_t + 2, width * cin))
+    tmp = work[tmp_off:v_off].reshape((6 * width, cin))
+    v = work[v_off:m_off]
+    v2 = v.reshape((36 * tiles, cin))
+    mg = work[m_off:gp_off]
+    mg2 = mg.reshape((36 * tiles, kout))
+    gp = work[gp_off : gp_off + gsize]
+    gp2 = gp.reshape((16 * rows_t * tw_count, kout))
+    tg = work[gp_off + gsize : gp_off + gsize + 24 * kout].reshape((24, kout))
+    bad = 0
+    for n in range(n0, n1):
+        t0 = (n - n0) * rows_t * tw_count
+        bad |= _to_channels_last(x, n, 4 * th0 - pt, -pl, 4 * rows_t + 2, width, xp.reshape((-1, cin)))
+        _input_transform(xp2, rows_t, tw_count, cin, tmp, v2, t0, tiles)
+        bad |= _to_channels_last(gy, n, 4 * th0, 0, 4 * rows_t, 4 * tw_count, gp2)
+        _grad_transform(gp2, rows_t, tw_count, kout, tg, mg2, t0, tiles)
+    if bad:
+        return False
+    for xi in range(36):
+        # Column-major: dU[xi]^T (K x C) += Mg[xi]^T (K x tiles) @ V[xi] (tiles x C).
+        sgemm(
+            NO, YES, kout, cin, tiles, 1.0,
+            mg, xi * tiles * kout, kout, v, xi * tiles * cin, cin, 1.0, du, xi * cin * kout, kout,
+        )  # fmt: skip
+    return True
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's cache) every kernel of this module now."""
+    x = np.zeros((1, 1, 4, 4), dtype=_F)
+    f = np.zeros((1, 3, 3, 1), dtype=_F)
+    u = np.zeros(36, dtype=_F)
+    y = np.zeros((1, 1, 4, 4), dtype=_F)
+    bias = np.zeros(1, dtype=_F)
+    filter_transform(f, u)
+    filter_untransform(u, f)
+    work = np.zeros(max(forward_scratch(1, 1, 1, 1, 1), filter_grad_scratch(1, 1, 1, 1, 1)), dtype=_F)
+    forward_item(x, y, u, bias, False, 0, 1, 0, 1, 1, 1, work)
+    filter_grad_item(x, y, u, 0, 1, 0, 1, 1, 1, work)

@@ -1,0 +1,185 @@
+"""The CPU backend's shape-specific algorithms against independent definitions.
+
+Winograd F(4x4, 3x3) (forward, data and filter gradients) is compared with the float64
+direct definitions of ``computehal.testing.reference``, under the conformance kit's own
+tolerance formula (``2 (reach + 2) eps |x| * |f|``, the direct definition's error
+bound), on odd sizes (partial tiles, channel counts that are no multiple of 8,
+asymmetric padding, bias). Its error is also printed in units of that bound's ``eps
+|x| * |f|`` so the margin is visible. Inputs holding inf or NaN must leave the result
+to the exact algorithms, and through the backend they must give the reference's
+NaN / inf pattern.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+import computehal.backends.cpu._winograd as W  # noqa: F401  (numba is a core dependency)
+from computehal.backends.cpu import CpuBackend
+from computehal.backends.cpu._conv_select import winograd_applies
+from computehal.backends.cpu._conv_winograd import (
+    winograd_backward_data,
+    winograd_backward_filter,
+    winograd_forward,
+)
+from computehal.testing import reference as ref
+
+F32 = np.float32
+EPS32 = float(np.finfo(np.float32).eps)
+
+#: (N, C, K, H, W, (top, left, bottom, right))
+SHAPES = [
+    (2, 3, 4, 7, 9, (1, 1, 1, 1)),
+    (1, 16, 13, 13, 10, (1, 1, 1, 1)),
+    (2, 17, 24, 9, 11, (0, 0, 0, 0)),
+    (1, 24, 9, 6, 5, (2, 0, 1, 2)),
+    (3, 64, 64, 12, 12, (1, 1, 1, 1)),
+    (1, 8, 8, 1, 1, (1, 1, 1, 1)),
+]
+
+
+def _data(shape: tuple[Any, ...], seed: int) -> tuple[npt.NDArray[np.float32], ...]:
+    n, c, k, h, w, (pt, pl, pb, pr) = shape
+    rng = np.random.default_rng(seed)
+    oh, ow = h + pt + pb - 2, w + pl + pr - 2
+    x = rng.standard_normal((n, c, h, w)).astype(F32)
+    f = rng.standard_normal((k, c, 3, 3)).astype(F32)
+    gy = rng.standard_normal((n, k, oh, ow)).astype(F32)
+    return x, f, gy
+
+
+def _padded64(x: npt.NDArray[Any], pads: tuple[int, int, int, int]) -> npt.NDArray[np.float64]:
+    pt, pl, pb, pr = pads
+    return np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+
+
+def _forward64(x: npt.NDArray[Any], f: npt.NDArray[Any], pads: tuple[int, int, int, int]) -> Any:
+    """Direct definition with four-sided padding (the reference pads symmetrically)."""
+    return ref.conv2d_forward(_padded64(x, pads), f.astype(np.float64), (1, 1), (0, 0))
+
+
+def _within_kit_tolerance(got: Any, want: Any, mag: Any, reach: int) -> float:
+    """Assert the kit's conv tolerance; return the worst error in units of eps * magnitude."""
+    tiny = np.finfo(np.float32).tiny
+    tol = 2.0 * (reach + 2) * EPS32 * mag + tiny
+    err = np.abs(got.astype(np.float64) - want)
+    assert np.all(err <= tol), f"max error {err.max():.3g}, worst ratio {(err / tol).max():.3g}"
+    return float((err / (EPS32 * mag + tiny)).max())
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_winograd_forward_within_kit_tolerance(shape: tuple[Any, ...]) -> None:
+    x, f, _ = _data(shape, 1)
+    pads = shape[5]
+    bias = np.random.default_rng(2).standard_normal(f.shape[0]).astype(F32)
+    want = _forward64(x, f, pads) + bias[None, :, None, None]
+    mag = _forward64(np.abs(x), np.abs(f), pads) + np.abs(bias)[None, :, None, None]
+    y = np.full(want.shape, np.nan, dtype=F32)
+    assert winograd_forward(x, f, bias, y, pads[0], pads[1])
+    units = _within_kit_tolerance(y, want, mag, x.shape[1] * 9)
+    print(f"forward {shape}: {units:.1f} eps * |x| * |f| (kit allows {2 * (x.shape[1] * 9 + 2)})")
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_winograd_backward_data_within_kit_tolerance(shape: tuple[Any, ...]) -> None:
+    x, f, gy = _data(shape, 3)
+    pt, pl, pb, pr = shape[5]
+    # The data gradient is the forward convolution of gy padded by 2 - pad with the
+    # flipped, transposed filter; that full correlation, cropped, is the reference.
+    flipped = f[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)
+    full_pads = (2 - pt, 2 - pl, 2 - pb, 2 - pr)
+    lo = [max(0, -p) for p in full_pads]
+    pads = tuple(max(0, p) for p in full_pads)
+    crop = (slice(None), slice(None), slice(lo[0], lo[0] + x.shape[2]), slice(lo[1], lo[1] + x.shape[3]))
+    want = _forward64(gy, flipped, pads)[crop]
+    mag = _forward64(np.abs(gy), np.abs(flipped), pads)[crop]
+    gx = np.full(x.shape, np.nan, dtype=F32)
+    assert winograd_backward_data(gy, f, gx, pt, pl)
+    units = _within_kit_tolerance(gx, want, mag, f.shape[0] * 9)
+    print(f"backward data {shape}: {units:.1f} eps * |gy| * |f|")
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_winograd_backward_filter_within_kit_tolerance(shape: tuple[Any, ...]) -> None:
+    x, f, gy = _data(shape, 5)
+    pads = shape[5]
+    xp, xa = _padded64(x, pads), _padded64(np.abs(x), pads)
+    want = ref.conv2d_backward_filter(xp, gy.astype(np.float64), f.shape, (1, 1), (0, 0))
+    mag = ref.conv2d_backward_filter(xa, np.abs(gy).astype(np.float64), f.shape, (1, 1), (0, 0))
+    gf = np.full(f.shape, np.nan, dtype=F32)
+    assert winograd_backward_filter(x, gy, gf, pads[0], pads[1])
+    units = _within_kit_tolerance(gf, want, mag, gy.shape[0] * gy.shape[2] * gy.shape[3])
+    print(f"backward filter {shape}: {units:.1f} eps * |x| * |gy|")
+
+
+@pytest.mark.parametrize("where", ["input", "filter"])
+@pytest.mark.parametrize("value", [np.inf, np.nan])
+def test_winograd_declines_non_finite_operands(where: str, value: float) -> None:
+    x, f, gy = _data((1, 16, 8, 9, 9, (1, 1, 1, 1)), 7)
+    (x if where == "input" else f)[0, 3, 2, 2] = value
+    y = np.empty((1, 8, 9, 9), dtype=F32)
+    assert not winograd_forward(x, f, None, y, 1, 1)
+    gx = np.empty_like(x)
+    if where == "filter":
+        assert not winograd_backward_data(gy, f, gx, 1, 1)
+    else:
+        assert not winograd_backward_filter(x, gy, np.empty_like(f), 1, 1)
+    gy[0, 1, 4, 4] = value
+    assert not winograd_backward_data(gy, f, gx, 1, 1)
+    assert not winograd_backward_filter(np.ones_like(x), gy, np.empty_like(f), 1, 1)
+
+
+def _backend_conv(be: CpuBackend, x: Any, f: Any, pads: list[int]) -> npt.NDArray[np.float32]:
+    n, k = x.shape[0], f.shape[0]
+    oh, ow = x.shape[2] + pads[0] + pads[2] - 2, x.shape[3] + pads[1] + pads[3] - 2
+    px, pf = be.alloc(x.nbytes), be.alloc(f.nbytes)
+    py = be.alloc(n * k * oh * ow * 4)
+    try:
+        be.copy_htod(px, x)
+        be.copy_htod(pf, f)
+        be.conv2d_forward(px, list(x.shape), pf, list(f.shape), py, [n, k, oh, ow], [1, 1], pads)
+        out = np.empty((n, k, oh, ow), dtype=F32)
+        be.copy_dtoh(out, py)
+        return out
+    finally:
+        for ptr in (px, pf, py):
+            be.free(ptr)
+
+
+@pytest.fixture(scope="module")
+def cpu() -> Any:
+    be = CpuBackend()
+    be.init()
+    yield be
+    be.close()
+
+
+def test_backend_takes_winograd_and_keeps_nan_semantics(cpu: CpuBackend) -> None:
+    """A layer large enough for Winograd: exact where finite, the reference's pattern with inf."""
+    x, f, _ = _data((1, 16, 16, 48, 48, (1, 1, 1, 1)), 9)
+    pads = [1, 1, 1, 1]
+    from computehal import validation as v
+    from computehal.memory import Region
+
+    region = Region(None, 0, 0)  # type: ignore[arg-type]
+    probe = v.ConvForwardProblem(
+        1, 16, 48, 48, 16, 3, 3, 48, 48, 1, 1, 1, 1, region, region, region, np.dtype(F32), pb=1, pr=1
+    )
+    assert winograd_applies(probe)
+    want = _forward64(x, f, (1, 1, 1, 1))
+    mag = _forward64(np.abs(x), np.abs(f), (1, 1, 1, 1))
+    _within_kit_tolerance(_backend_conv(cpu, x, f, pads), want, mag, 16 * 9)
+    x[0, 5, 10, 20] = np.inf
+    got = _backend_conv(cpu, x, f, pads)
+    with np.errstate(invalid="ignore"):
+        want = _forward64(x, f, (1, 1, 1, 1))
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    assert np.array_equal(np.isinf(got), np.isinf(want))
+    finite = np.isfinite(want)
+    assert np.all(np.abs(got[finite] - want[finite]) <= 2 * (16 * 9 + 2) * EPS32 * mag[finite] + 1e-30)
+    assert math.isfinite(float(got[0, 0, 0, 0]))
