@@ -16,9 +16,11 @@ from typing import Any
 import numba
 import numpy as np
 
-from ._kpool import tap_range, tap_range_cols
+from ._kpool import column_plan, tap_range
 
 __all__ = ["depthwise_planes", "warm_up"]
+
+_U = np.uint64
 
 
 def _jit(fn: Any) -> Any:
@@ -37,33 +39,45 @@ def depthwise_planes(x: Any, f: Any, bias: Any, out: Any, first: int, channels: 
     none, ``out`` [P, Oh, Ow] holds global output planes ``first`` to ``first + P - 1``
     (plane ``q`` is image ``q // K``, channel ``q % K``, reading input channel
     ``(q % K) // multiplier``). ``geometry`` is (sh, sw, pt, pl, dh, dw) as int64.
+    Operands are C-contiguous; loops index them flat with unsigned offsets, so that
+    LLVM vectorises them (see :mod:`._kpool`).
     """
     sh, sw, pt, pl, dh, dw = geometry
     h, w = x.shape[1], x.shape[2]
     k_total, fh, fw = f.shape
     mult = k_total // channels
     oh, ow = out.shape[1], out.shape[2]
+    xf, of = x.reshape(-1), out.reshape(-1)
+    plan = column_plan(fw, sw, pl, dw, ow, w)
     acc = np.empty(ow, dtype=out.dtype)
     for p in range(out.shape[0]):
         q = first + p
         k = q % k_total
-        image = x[(q // k_total) * channels + k // mult]
+        plane = ((q // k_total) * channels + k // mult) * h * w
         start = bias[k] if bias.shape[0] > 0 else 0.0
         for i in range(oh):
             for j in range(ow):
-                acc[j] = 0.0
+                acc[j] = start
             r0, r1 = tap_range(i, sh, pt, dh, fh, h)
             for r in range(r0, r1):
-                row = image[i * sh - pt + r * dh]
+                row = plane + (i * sh - pt + r * dh) * w
                 for s in range(fw):
-                    j0, j1 = tap_range_cols(s, sw, pl, dw, ow, w)
+                    n = plan[s, 1]
+                    j0 = _U(plan[s, 0])
+                    src = _U(row + plan[s, 2])
                     weight = f[k, r, s]
-                    base = s * dw - pl
-                    for j in range(j0, j1):
-                        acc[j] += weight * row[j * sw + base]
-            dst = out[p, i]
+                    if sw == 1:
+                        for t in range(n):
+                            acc[j0 + _U(t)] += weight * xf[src + _U(t)]
+                    elif sw == 2:
+                        for t in range(n):
+                            acc[j0 + _U(t)] += weight * xf[src + _U(2 * t)]
+                    else:
+                        for t in range(n):
+                            acc[j0 + _U(t)] += weight * xf[src + _U(t * sw)]
+            base = _U((p * oh + i) * ow)
             for j in range(ow):
-                dst[j] = acc[j] + start
+                of[base + _U(j)] = acc[j]
 
 
 def warm_up() -> None:

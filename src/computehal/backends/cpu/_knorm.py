@@ -2,10 +2,12 @@
 
 Each kernel reads its input once from memory: a row (layer / RMS normalisation) or a
 channel plane (batch normalisation, LRN) is small enough to stay in cache between the
-passes over it. Statistics accumulate in float64. The formulas are the contract's,
-with one division by the standard deviation replaced by a multiplication with its
-reciprocal (a rounding, not a NaN / infinity difference: ``x * (1 / 0)`` and
-``x / 0`` agree, as do ``0 * inf`` and ``0 / 0``).
+passes over it. Statistics accumulate in float64; loops index flat arrays with unsigned
+offsets (a signed index makes numba test for negative indices, which stops
+vectorisation). The formulas are the contract's, with one division by the standard
+deviation replaced by a multiplication with its reciprocal (a rounding, not a NaN /
+infinity difference: ``x * (1 / 0)`` and ``x / 0`` agree, as do ``0 * inf`` and
+``0 / 0``).
 """
 
 # Function bodies are numba nopython code, which mypy cannot type.
@@ -22,44 +24,51 @@ import numpy as np
 __all__ = ["norm_rows", "affine_planes", "lrn_planes", "warm_up"]
 
 
-def _jit(fn: Any) -> Any:
-    options: dict[str, Any] = dict(nogil=True, error_model="numpy", fastmath={"contract"})
-    try:
-        return numba.njit(cache=True, **options)(fn)
-    except RuntimeError:  # no writable cache location
-        return numba.njit(cache=False, **options)(fn)
+def _compiled(fastmath: set[str]) -> Any:
+    def decorate(fn: Any) -> Any:
+        options: dict[str, Any] = dict(nogil=True, error_model="numpy", fastmath=fastmath)
+        try:
+            return numba.njit(cache=True, **options)(fn)
+        except RuntimeError:  # no writable cache location
+            return numba.njit(cache=False, **options)(fn)
+
+    return decorate
 
 
-@_jit
+_jit = _compiled({"contract"})
+#: Kernels with sums: reassociation lets LLVM keep a vector of partial sums (no NaN or
+#: infinity assumption is made).
+_sums = _compiled({"contract", "reassoc"})
+_U = np.uint64
+
+
+@_sums
 def norm_rows(x: Any, out: Any, scale: Any, bias: Any, eps: float, rms: bool) -> None:
     """Layer (``rms`` False) or RMS normalisation of each row of 2-D ``x`` into ``out``.
 
-    ``scale`` / ``bias`` have one entry per column, or none (then 1 and 0).
+    ``scale`` / ``bias`` have one entry per column (the caller passes 1 and 0 for
+    omitted ones, as the formula says).
     """
     rows, cols = x.shape
-    has_scale = scale.shape[0] > 0
-    has_bias = bias.shape[0] > 0
+    xf, of = x.reshape(-1), out.reshape(-1)
+    typed = np.empty(2, dtype=out.dtype)  # the statistics in the data's own type, for the last pass
     for r in range(rows):
-        row = x[r]
-        dst = out[r]
+        base = _U(r * cols)
         mean = 0.0
         if not rms:
             total = 0.0
             for j in range(cols):
-                total += row[j]
+                total += np.float64(xf[base + _U(j)])
             mean = total / cols
         spread = 0.0
         for j in range(cols):
-            d = row[j] - mean
+            d = np.float64(xf[base + _U(j)]) - mean
             spread += d * d
-        inv = 1.0 / math.sqrt(spread / cols + eps)
+        typed[0] = mean
+        typed[1] = 1.0 / math.sqrt(spread / cols + eps)
+        m, inv = typed[0], typed[1]
         for j in range(cols):
-            y = (row[j] - mean) * inv
-            if has_scale:
-                y = y * scale[j]
-            if has_bias:
-                y = y + bias[j]
-            dst[j] = y
+            of[base + _U(j)] = (xf[base + _U(j)] - m) * inv * scale[j] + bias[j]
 
 
 @_jit
@@ -81,42 +90,49 @@ def affine_planes(x: Any, out: Any, first: int, mean: Any, factor: Any, bias: An
 
 
 @_jit
-def _power(d: float, beta: float) -> float:
-    """``d ** beta``, with the common exponents through square roots (pow costs ~20 ns)."""
-    if beta == 0.75:
-        root = math.sqrt(d)
-        return root * math.sqrt(root)
-    if beta == 0.5:
-        return math.sqrt(d)
-    if beta == 1.0:
-        return d
-    return d**beta
-
-
-@_jit
-def lrn_planes(x: Any, out: Any, size: int, alpha: float, beta: float, bias: float) -> None:
-    """ONNX LRN over the channels of one image: ``x`` and ``out`` are [C, S].
+def lrn_planes(x: Any, out: Any, j0: int, j1: int, size: int, alpha: float, beta: float, bias: float) -> None:
+    """ONNX LRN over the channels of one image, columns ``[j0, j1)``: ``x`` and ``out`` are [C, S].
 
     ``y = x / (bias + alpha / size * sum(x[c'] ** 2)) ** beta`` over channels
-    ``c - (size - 1) // 2`` to ``c + size // 2``, clipped to the image's channels.
+    ``c - (size - 1) // 2`` to ``c + size // 2``, clipped to the image's channels; the
+    common exponents go through square roots (``pow`` costs ~20 ns an element).
     """
     channels, spatial = x.shape
+    xf, of = x.reshape(-1), out.reshape(-1)
     below, above = (size - 1) // 2, size // 2
-    coeff = alpha / size
-    total = np.empty(spatial, dtype=np.float64)
+    width = j1 - j0
+    # Arithmetic in the data's own type (float32 sums of a few squares lose nothing that
+    # shows after rounding; float32 square roots and divisions run twice as wide).
+    total = np.empty(width, dtype=out.dtype)
+    typed = np.empty(3, dtype=out.dtype)
+    typed[0] = alpha / size
+    typed[1] = bias
+    typed[2] = beta
+    coeff, offset, power = typed[0], typed[1], typed[2]
     for c in range(channels):
         lo, hi = max(0, c - below), min(channels - 1, c + above)
-        for j in range(spatial):
+        for j in range(width):
             total[j] = 0.0
         for k in range(lo, hi + 1):
-            src = x[k]
-            for j in range(spatial):
-                v = np.float64(src[j])
+            src = _U(k * spatial + j0)
+            for j in range(width):
+                v = xf[src + _U(j)]
                 total[j] += v * v
-        src = x[c]
-        dst = out[c]
-        for j in range(spatial):
-            dst[j] = src[j] / _power(bias + coeff * total[j], beta)
+        for j in range(width):
+            total[j] = offset + coeff * total[j]
+        if beta == 0.75:
+            for j in range(width):
+                root = math.sqrt(total[j])
+                total[j] = root * math.sqrt(root)
+        elif beta == 0.5:
+            for j in range(width):
+                total[j] = math.sqrt(total[j])
+        elif beta != 1.0:
+            for j in range(width):
+                total[j] = total[j] ** power
+        at = _U(c * spatial + j0)
+        for j in range(width):
+            of[at + _U(j)] = xf[at + _U(j)] / total[j]
 
 
 def warm_up() -> None:
@@ -124,10 +140,7 @@ def warm_up() -> None:
     for dtype in (np.float32, np.float64):
         a = np.ones((2, 3), dtype=dtype)
         v = np.ones(3, dtype=dtype)
-        none = np.empty(0, dtype=dtype)
         for rms in (False, True):
             norm_rows(a, a.copy(), v, v, 1e-5, rms)
-            norm_rows(a, a.copy(), none, none, 1e-5, rms)
         affine_planes(a, a.copy(), 0, v[:2], v[:2], v[:2])
-        lrn_planes(a, a.copy(), 3, 1e-4, 0.75, 1.0)
-        lrn_planes(a[:, :2], a.copy()[:, :2], 3, 1e-4, 0.75, 1.0)  # column bands of an image
+        lrn_planes(a, a.copy(), 0, 3, 3, 1e-4, 0.75, 1.0)

@@ -57,7 +57,7 @@ class NormOps(CpuPlumbing):
         out = self._array(p.output, (p.rows, p.cols), p.dtype)
         scale, bias = self._optional(p.scale, p.dtype), self._optional(p.bias, p.dtype)
         compiled = kernels("_knorm")
-        none = np.empty(0, dtype=p.dtype)
+        ones, zeros = np.ones(p.cols, dtype=p.dtype), np.zeros(p.cols, dtype=p.dtype)
         block = max(1, NORM_BLOCK // max(1, p.cols))
 
         def run(start: int, stop: int) -> None:
@@ -66,8 +66,8 @@ class NormOps(CpuPlumbing):
                     hi = min(stop, lo + block)
                     if compiled is not None:
                         compiled.norm_rows(
-                            x[lo:hi], out[lo:hi], none if scale is None else scale,
-                            none if bias is None else bias, p.eps, p.rms,
+                            x[lo:hi], out[lo:hi], ones if scale is None else scale,
+                            zeros if bias is None else bias, p.eps, p.rms,
                         )  # fmt: skip
                     else:
                         _norm_rows_numpy(x[lo:hi], out[lo:hi], scale, bias, p.eps, p.rms)
@@ -113,10 +113,10 @@ class NormOps(CpuPlumbing):
         def run(start: int, stop: int) -> None:
             with np.errstate(all="ignore"):
                 for i, s0 in pieces[start:stop]:
-                    src, dst = x[i, :, s0 : s0 + width], out[i, :, s0 : s0 + width]
+                    s1 = min(p.spatial, s0 + width)
                     if compiled is not None:
-                        compiled.lrn_planes(src, dst, p.size, p.alpha, p.beta, p.bias)
+                        compiled.lrn_planes(x[i], out[i], s0, s1, p.size, p.alpha, p.beta, p.bias)
                     else:
-                        _lrn_numpy(src, dst, p)
+                        _lrn_numpy(x[i, :, s0:s1], out[i, :, s0:s1], p)
 
         parallel_ranges(len(pieces), run, grain=max(1, PARALLEL_THRESHOLD // (p.c * width)))
