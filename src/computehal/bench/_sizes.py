@@ -109,6 +109,7 @@ _CPU_QUICK = Sizes(
     copy_elements=1 << 16,
     repeats=3,
     overhead_calls=200,
+    min_sample_s=0.002,
 )
 
 _HOST_DEVICE = Sizes(
