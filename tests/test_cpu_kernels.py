@@ -218,3 +218,29 @@ def test_exp_shifted_rowsum() -> None:
     K.exp_shifted_rowsum(scores, shift, sums)
     assert _ulp_error(scores, want).max() <= 2.0
     np.testing.assert_allclose(sums, want.sum(axis=1), rtol=1e-5, atol=0)
+
+
+def test_16bit_conversions_bit_exact() -> None:
+    """float32 <-> float16 / bfloat16 kernels against NumPy and ml_dtypes, every 251st bit pattern."""
+    import ml_dtypes
+
+    import computehal.backends.cpu._kcast as C
+
+    bits = np.arange(0, 2**32, 251, dtype=np.uint64).astype(np.uint32)
+    values = bits.view(F32)
+    nan = np.isnan(values)
+    narrow = np.empty(bits.size, dtype=np.uint16)
+    for kernel, target in ((C.f32_to_f16, np.float16), (C.f32_to_bf16, ml_dtypes.bfloat16)):
+        kernel(bits, narrow)
+        with np.errstate(over="ignore", invalid="ignore"):
+            want = values.astype(target).view(np.uint16)
+        np.testing.assert_array_equal(narrow[~nan], want[~nan])
+        assert np.isnan(narrow[nan].view(target).astype(F32)).all()
+    every = np.arange(2**16, dtype=np.uint16)
+    wide = np.empty(every.size, dtype=np.uint32)
+    for kernel, source in ((C.f16_to_f32, np.float16), (C.bf16_to_f32, ml_dtypes.bfloat16)):
+        kernel(every, wide)
+        want = every.view(source).astype(F32)
+        same = (wide.view(F32) == want) | (np.isnan(wide.view(F32)) & np.isnan(want))
+        assert same.all()
+        np.testing.assert_array_equal(np.signbit(wide.view(F32)), np.signbit(want))

@@ -141,7 +141,7 @@ class AxisOps(CpuPlumbing):
         dt = p.dtype
         x = self._array(p.input, (p.outer, p.length, p.inner), dt)
         out = self._array(p.output, (p.outer, p.length, p.inner), dt)
-        compiled = None if p.log else _compiled(p, x.size)
+        compiled = _compiled(p, x.size)
         if compiled is not None:
             self._softmax_compiled(compiled, p, x, out)
             return
@@ -177,7 +177,9 @@ class AxisOps(CpuPlumbing):
             rows_out = out.reshape(p.outer, p.length)
 
             def run_rows(start: int, stop: int) -> None:
-                compiled.softmax_rows(rows_x[start:stop], rows_out[start:stop])
+                (compiled.log_softmax_rows if p.log else compiled.softmax_rows)(
+                    rows_x[start:stop], rows_out[start:stop]
+                )
 
             parallel_ranges(p.outer, run_rows, grain=max(1, PARALLEL_THRESHOLD // p.length))
             return
@@ -190,6 +192,6 @@ class AxisOps(CpuPlumbing):
 
         def run_panels(start: int, stop: int) -> None:
             for o, c0, c1 in panels[start:stop]:
-                compiled.softmax_columns(x[o], out[o], c0, c1)
+                (compiled.log_softmax_columns if p.log else compiled.softmax_columns)(x[o], out[o], c0, c1)
 
         parallel_ranges(len(panels), run_panels, grain=max(1, PARALLEL_THRESHOLD // (p.length * width)))

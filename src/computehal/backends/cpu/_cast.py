@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 
 from ... import validation as v
-from ...dtypes import F32, F64
+from ...dtypes import F32, F64, bfloat16
 from ._plumbing import CpuPlumbing, FloatArray
-from ._runtime import parallel_ranges
+from ._runtime import kernels, parallel_ranges
 
 __all__ = ["CastOps", "convert", "rounded_scalar"]
 
@@ -36,11 +36,27 @@ def _f32_round_to_odd(src: FloatArray) -> FloatArray:
     return out
 
 
+#: (source, target) pairs with a compiled kernel on bit patterns (attribute of :mod:`._kcast`).
+_KERNELS = {
+    (np.dtype(np.float32), np.dtype(np.float16)): "f32_to_f16",
+    (np.dtype(np.float16), np.dtype(np.float32)): "f16_to_f32",
+    (np.dtype(np.float32), bfloat16()): "f32_to_bf16",
+    (bfloat16(), np.dtype(np.float32)): "bf16_to_f32",
+}
+_BITS: dict[int, np.dtype[Any]] = {2: np.dtype(np.uint16), 4: np.dtype(np.uint32)}
+
+
 def convert(src: FloatArray, dst: FloatArray) -> None:
     """``dst[...] = src`` converted to ``dst.dtype`` with one round-to-nearest-even.
 
     Overflow gives infinities, NaN stays NaN. ``dst`` may be ``src`` (same itemsize).
+    Between float32 and the 16-bit types of 1-D arrays, a compiled kernel does it.
     """
+    name = _KERNELS.get((src.dtype, dst.dtype))
+    compiled = kernels("_kcast") if name is not None and src.ndim == 1 else None
+    if compiled is not None and name is not None:
+        getattr(compiled, name)(src.view(_BITS[src.dtype.itemsize]), dst.view(_BITS[dst.dtype.itemsize]))
+        return
     with np.errstate(over="ignore", invalid="ignore"):
         if src.dtype == F64 and dst.dtype.itemsize == 2 and dst.dtype != np.float16:
             np.copyto(dst, _f32_round_to_odd(src), casting="unsafe")

@@ -47,6 +47,8 @@ __all__ = [
     "sigmoid_into",
     "softmax_rows",
     "softmax_columns",
+    "log_softmax_rows",
+    "log_softmax_columns",
     "exp_shifted_rowsum",
     "extreme_columns",
     "warm_up",
@@ -404,6 +406,53 @@ def softmax_columns(x: Any, out: Any, c_lo: int, c_hi: int) -> None:
 
 
 @_jit
+def log_softmax_rows(x: Any, out: Any) -> None:
+    """Log-softmax along axis 1 of C-contiguous float32 ``[rows, length]`` arrays (``out`` may be ``x``).
+
+    Per row: the maximum, the sum of ``exp(x - max)`` (written to ``out`` as scratch),
+    then ``x - max - log(sum)``. -inf entries stay -inf; a NaN or +inf in the row, or a
+    row of only -inf, gives a NaN row (as the three-pass NumPy form).
+    """
+    for r in range(x.shape[0]):
+        src = x[r]
+        dst = out[r]
+        peak = _row_max(src)
+        for i in range(src.shape[0]):
+            dst[i] = _exp_nonpositive(src[i] - peak)
+        shift = _log(_row_sum(dst))
+        for i in range(dst.shape[0]):
+            dst[i] = (src[i] - peak) - shift
+
+
+@_jit
+def log_softmax_columns(x: Any, out: Any, c_lo: int, c_hi: int) -> None:
+    """Log-softmax along axis 0 of columns ``[c_lo, c_hi)`` of C-contiguous float32 ``[length, width]``.
+
+    ``out`` may be ``x``. Three passes down the rows (inner loops along contiguous row
+    segments): column maxima, the float64 sums of ``exp(x - max)``, then
+    ``x - max - log(sum)``.
+    """
+    length = x.shape[0]
+    w = c_hi - c_lo
+    peak = np.full(w, -_INF, dtype=np.float32)
+    total = np.zeros(w, dtype=np.float64)
+    for r in range(length):
+        src = x[r, c_lo:c_hi]
+        for j in range(w):
+            peak[j] = np.fmax(peak[j], src[j])
+    for r in range(length):
+        src = x[r, c_lo:c_hi]
+        for j in range(w):
+            total[j] += _exp_nonpositive(src[j] - peak[j])
+    shift = np.log(total).astype(np.float32)
+    for r in range(length):
+        src = x[r, c_lo:c_hi]
+        dst = out[r, c_lo:c_hi]
+        for j in range(w):
+            dst[j] = (src[j] - peak[j]) - shift[j]
+
+
+@_jit
 def extreme_columns(x: Any, out: Any, c_lo: int, c_hi: int, largest: bool) -> None:
     """``out[j - c_lo]`` = fmax (``largest``) or fmin over the rows of column ``j`` in ``[c_lo, c_hi)``.
 
@@ -448,6 +497,8 @@ def warm_up() -> None:
         fn(x, x)
     softmax_rows(rows, rows)
     softmax_columns(rows, rows, 0, 4)
+    log_softmax_rows(rows, rows)
+    log_softmax_columns(rows, rows, 0, 4)
     extreme_columns(rows, x, 0, 4, True)
     extreme_columns(rows, x, 0, 4, False)
     exp_shifted_rowsum(rows, x[:2], x[2:])
