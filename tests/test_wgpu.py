@@ -847,30 +847,120 @@ def test_large_problem_uses_a_2d_grid(be: Any) -> None:
 # ---------------------------------------------------------------------- gather / scatter
 
 
-def test_gather_and_scatter(be: Any) -> None:
+@pytest.mark.parametrize("where", ["host", "int32", "int64"])
+def test_gather_and_scatter(be: Any, where: str) -> None:
+    """Host indices and device indices (checked on the device, int64 as two words)."""
     rng = np.random.default_rng(9)
     table = rng.standard_normal((10, 7)).astype(F32)
-    idx = [3, 0, 9, 3, 3, 5]
-    pt, po = put(be, table), be.alloc(4 * 6 * 7)
-    be.gather(pt, idx, po, 10, 7)
-    np.testing.assert_array_equal(get(be, po, (6, 7)), table[idx])
+    idx = np.array([3, 0, 9, 3, 3, 5])
     src = rng.standard_normal((6, 7)).astype(F32)
     out = np.arange(70, dtype=F32).reshape(10, 7)
-    ps, pd = put(be, src), put(be, out)
-    be.scatter(ps, np.array(idx), pd, 10, 7)
+    pt, po, ps, pd = put(be, table), be.alloc(4 * 6 * 7), put(be, src), put(be, out)
+
+    def rows(method: str, indices: Any, x: int, y: int) -> None:
+        if where == "host":
+            getattr(be, method)(x, indices, y, 10, 7)
+            return
+        pi = put(be, np.asarray(indices), where)
+        try:
+            getattr(be, method)(x, len(indices), y, 10, 7, indices_ptr=pi, index_dtype=where)
+        finally:
+            be.free(pi)
+
+    rows("gather", idx, pt, po)
+    np.testing.assert_array_equal(get(be, po, (6, 7)), table[idx])
+    rows("scatter", idx, ps, pd)
     want = out.copy()
     for i, row in enumerate(idx):  # sequential loop: the last duplicate wins
         want[row] = src[i]
     np.testing.assert_array_equal(get(be, pd, (10, 7)), want)
-    before = get(be, pd, (10, 7))
-    with pytest.raises(InvalidArgumentError):
-        be.scatter(ps, [1, 2, 10, 0, 0, 0], pd, 10, 7)
-    np.testing.assert_array_equal(get(be, pd, (10, 7)), before)  # nothing written
-    with pytest.raises(InvalidArgumentError):
-        be.gather(pt, [0, -1], po, 10, 7)
-    be.gather(pt, [], po, 10, 7)  # empty: a valid no-op
+    bad = [[1, 2, 10, 0, 0, 0], [0, -1, 3, 3, 3, 3]]
+    if where != "int32":
+        bad.append([1, 2**32 + 3, 0, 0, 0, 0])  # would wrap to row 3 in 32 bits
+    for indices in bad:
+        before_out, before_rows = get(be, pd, (10, 7)), get(be, po, (6, 7))
+        with pytest.raises(InvalidArgumentError, match="negative" if min(indices) < 0 else "out of range"):
+            rows("scatter", indices, ps, pd)
+        with pytest.raises(InvalidArgumentError):
+            rows("gather", indices, pt, po)
+        np.testing.assert_array_equal(get(be, pd, (10, 7)), before_out)  # nothing written
+        np.testing.assert_array_equal(get(be, po, (6, 7)), before_rows)
     for p in (pt, po, ps, pd):
         be.free(p)
+
+
+def test_gather_scatter_use_the_validated_indices(be: Any) -> None:
+    """Regression: masked or wrapping index arrays never drop or zero rows silently.
+
+    The validation once looked at a masked array's unmasked values while the kernels used
+    all of them, so an index past the rows was read (gather: zeros) or written nowhere
+    (scatter: the row silently dropped).
+    """
+    table = np.arange(28, dtype=F32).reshape(4, 7)
+    pt, po = put(be, table), put(be, np.full((2, 7), -1.0, F32))
+    masked = np.ma.array([0, 6], mask=[False, True])
+    for call in (
+        lambda: be.gather(pt, masked, po, 4, 7),
+        lambda: be.scatter(po, masked, pt, 4, 7),
+        lambda: be.gather(pt, np.array([1, 2**32 + 2], np.int64), po, 4, 7),
+        lambda: be.scatter(po, np.array([2**32, 1], np.uint64), pt, 4, 7),
+    ):
+        with pytest.raises(InvalidArgumentError):
+            call()
+    np.testing.assert_array_equal(get(be, pt, (4, 7)), table)
+    np.testing.assert_array_equal(get(be, po, (2, 7)), np.full((2, 7), -1.0, F32))
+    be.gather(pt, np.ma.array([3, 1], mask=[True, False]), po, 4, 7)  # raw values are used
+    np.testing.assert_array_equal(get(be, po, (2, 7)), table[[3, 1]])
+    be.free(pt)
+    be.free(po)
+
+
+def test_operands_freed_by_another_thread_during_recorded_work(be: Any) -> None:
+    """Regression: frees racing with recorded (unsubmitted) work never break a result.
+
+    Each worker records a chain of ops on its own buffers while a second thread frees
+    them at random moments: every call either completes with the right value or raises
+    InvalidArgumentError (the pointer was already freed); nothing else escapes.
+    """
+    import random
+    import time
+
+    errors: list[BaseException] = []
+    deadline = time.monotonic() + 1.5
+
+    def worker(seed: int) -> None:
+        rnd = random.Random(seed)
+        x = np.random.default_rng(seed).standard_normal(4096).astype(F32)
+        try:
+            while time.monotonic() < deadline:
+                px, py = put(be, x), be.alloc(x.nbytes)
+                pause = rnd.random() * 0.002
+
+                def free_later(ptr: int = px, pause: float = pause) -> None:
+                    time.sleep(pause)
+                    be.free(ptr)
+
+                freer = threading.Thread(target=free_later)
+                freer.start()
+                try:
+                    for _ in range(5):
+                        be.unary("neg", px, py, x.size)
+                        be.gather(px, [3, 1], py, 1024, 4)
+                    be.copy_dtoh(out := np.empty(8, F32), py)
+                    np.testing.assert_array_equal(out, x.reshape(1024, 4)[[3, 1]].reshape(-1))
+                except InvalidArgumentError:
+                    pass  # px was freed first: reported, not used
+                freer.join()
+                be.free(py)
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
 
 
 # ---------------------------------------------------------------------- engineering

@@ -1,10 +1,17 @@
-"""Data movement on the device: byte copies, fills, row gather and scatter.
+"""Data movement on the device: byte copies, fills, strided copies, row gather and scatter.
 
 ``copy_dtod`` of whole words between two buffers is a ``copy_buffer_to_buffer``; any
 other range (odd offsets or sizes, or both ends in one buffer, which wgpu's copy
 refuses) runs ``copy_bytes`` (wgpu_movement.wgsl), in which each invocation owns one
 destination word. ``fill`` writes the value's bit pattern with ``fill_words`` the same
 way (the value is rounded to the dtype on the host, like any scalar argument).
+``copy_strided`` (wgpu_strided.wgsl) copies one 32-bit element per invocation.
+
+Gather and scatter (wgpu_rows.wgsl) with host indices upload the validated snapshot
+(scatter: the last occurrence of each row, computed on the host). Device indices are
+checked by ``index_check`` on the device; the copy kernels write nothing when it found
+a bad index, and the host then reads the status word to raise the same
+InvalidArgumentError as the host path.
 """
 
 from __future__ import annotations
@@ -13,8 +20,9 @@ import numpy as np
 import numpy.typing as npt
 
 from ... import validation as v
+from ...errors import InvalidArgumentError
 from ...memory import Region
-from .._common import ceil_div, refuse_extensions
+from .._common import ceil_div
 from ._device import Gpu
 from ._queue import Copy, Step, grid_1d, pack
 from ._shapes import collapse, vec6
@@ -71,21 +79,53 @@ def _rows(gpu: Gpu, kernel: str, p: v.RowsProblem, words: npt.NDArray[np.uint32]
     dst = gpu.bind("output_ptr", p.output)
     buffer, idx = gpu.temporary(words.nbytes, "computehal-indices")
     gpu.queue.upload(buffer, words)
-    params = pack(count, p.cols, src.elem, dst.elem, 0)
-    gpu.run([Step(kernel, params, (src, idx, dst), grid_1d(count * p.cols, 256))], retire=[buffer])
+    params = pack(count, p.cols, src.elem, dst.elem, 0, p.rows, 0, 0)
+    step = Step(kernel, params, (src, idx, dst, gpu.dummy()), grid_1d(count * p.cols, 256))
+    gpu.run([step], retire=[buffer])
+
+
+def _device_rows(gpu: Gpu, p: v.RowsProblem, scatter: bool) -> None:
+    """Gather / scatter with indices in device memory, checked there before anything is written."""
+    assert p.index is not None and p.index_dtype is not None
+    if p.count == 0:
+        return
+    wide = p.index_dtype.itemsize == 8
+    src, dst = gpu.bind("input_ptr", p.input), gpu.bind("output_ptr", p.output)
+    bi = gpu.bind("indices_ptr", p.index)
+    status, bs = gpu.temporary(4 * (1 + (p.rows if scatter else 0)), "computehal-index-status")
+    params = pack(p.count, p.cols, src.elem, dst.elem, bi.elem, p.rows, wide, scatter)
+    bindings = (src, bi, dst, bs)
+    kernel = "scatter_device" if scatter else "gather_device"
+    steps = [
+        Step("index_check", params, bindings, grid_1d(p.count, 256)),
+        Step(kernel, params, bindings, grid_1d(p.count * p.cols, 256)),
+    ]
+    gpu.run(steps)
+    bad = int(np.frombuffer(gpu.queue.read(status, 0, 4), dtype=np.uint32)[0])
+    gpu.run([], retire=[status])
+    if bad:
+        # Nothing was written; report the indices as the host path does.
+        raw = gpu.queue.read(p.index.payload, p.index.offset, p.index.nbytes)
+        indices = np.frombuffer(raw, dtype=p.index_dtype)
+        low, high = int(indices.min()), int(indices.max())
+        if low < 0:
+            raise InvalidArgumentError(f"index {low} is negative")
+        raise InvalidArgumentError(f"index {high} is out of range for {p.rows} rows")
 
 
 def gather(gpu: Gpu, p: v.RowsProblem) -> None:
-    """Run a validated gather with host indices."""
-    refuse_extensions("wgpu", "gather", p)
-    assert p.indices is not None
+    """Run a validated gather (host or device indices)."""
+    if p.indices is None:
+        _device_rows(gpu, p, scatter=False)
+        return
     _rows(gpu, "gather", p, p.indices.astype(np.uint32), int(p.indices.size))
 
 
 def scatter(gpu: Gpu, p: v.RowsProblem) -> None:
-    """Run a validated scatter with host indices (the last occurrence of a row wins)."""
-    refuse_extensions("wgpu", "scatter", p)
-    assert p.indices is not None
+    """Run a validated scatter (host or device indices; the last occurrence of a row wins)."""
+    if p.indices is None:
+        _device_rows(gpu, p, scatter=True)
+        return
     destinations, sources = v.last_occurrences(p.indices)
     pairs = np.empty(2 * destinations.size, dtype=np.uint32)
     pairs[0::2] = destinations
