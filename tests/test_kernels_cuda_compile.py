@@ -40,7 +40,9 @@ CONFIGS: dict[str, list[dict[str, str]]] = {
         {"HD": "24", "BQ": "4", "BKV": "64", "VW": "8"},
         {"HD": "128", "BQ": "4", "BKV": "32", "VW": "8"},
     ],
-    "elementwise.cl": [{"EW": "1"}, {"EW": "16"}],
+    "elementwise.cl": [{"EW": "1"}, {"EW": "16", "REAL": "double", "USE_FP64": "1"}],
+    "cast.cl": [{"EW": "16", "USE_FP64": "1"}],
+    "movement.cl": [{"LS": "64"}],
     "reduce.cl": [{"LS": "64", "CONTIG": "0"}, {"LS": "64", "CONTIG": "1"}],
 }
 
@@ -157,4 +159,5 @@ def test_kernel_compiles_as_cuda(name: str, defines: dict[str, str], arch: str, 
 
 def test_every_kernel_file_is_covered() -> None:
     names = [n for n in kernel_files() if n.endswith(".cl")]
-    assert {"gemm.cl", "conv.cl", "attention.cl", "reduce.cl", "elementwise.cl", "gather.cl"} <= set(names)
+    wanted = {"gemm.cl", "conv.cl", "attention.cl", "reduce.cl", "elementwise.cl", "movement.cl", "cast.cl"}
+    assert wanted <= set(names)

@@ -142,15 +142,15 @@ def test_driver_errors_become_device_errors_with_the_driver_text(be: Any) -> Non
 
     cache = ProgramCache(be._context)
     with pytest.raises(DeviceError, match="while creating kernel no_such_kernel .*INVALID_KERNEL_NAME"):
-        cache.kernel("gather.cl", "no_such_kernel", {})
+        cache.kernel("movement.cl", "no_such_kernel", {})
     with pytest.raises(DeviceError, match="while testing: .*BUILD_PROGRAM_FAILURE"), check("testing"):
         pyopencl.Program(be._context, "__kernel void f(").build()
-    with pytest.raises(DeviceError, match="gather.cl"):
-        cache.kernel("gather.cl", "gather_rows", {"i64": "not a type ("})
-    kernel = be._kernel("gather.cl", "gather_rows")
+    with pytest.raises(DeviceError, match="movement.cl"):
+        cache.kernel("movement.cl", "gather_32_i64", {"i64": "not a type ("})
+    kernel = be._kernel("movement.cl", "gather_32_i64")
     too_big = be._max_wg * 2
-    with pytest.raises(DeviceError, match="gather_rows"):
-        be._launch(kernel, (too_big, 1), (too_big, 1), *([None] * 7))
+    with pytest.raises(DeviceError, match="gather_32_i64"):
+        be._launch(kernel, (too_big, 1), (too_big, 1), *([None] * 8))
 
 
 def test_float64_unsupported_where_the_device_lacks_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -246,6 +246,9 @@ def test_programs_built_once_per_family_and_configuration() -> None:
 def test_kernel_sources_are_package_files_in_the_dialect() -> None:
     if IMPORT_ERROR is not None:
         unavailable("opencl", IMPORT_ERROR)
+    from computehal.backends._common import UNARY_CODES
+    from computehal.types import UnaryOp
+
     files = kernel_files()
     for name in (
         "dialect.h",
@@ -254,12 +257,17 @@ def test_kernel_sources_are_package_files_in_the_dialect() -> None:
         "attention.cl",
         "reduce.cl",
         "elementwise.cl",
-        "gather.cl",
+        "movement.cl",
     ):
         assert name in files
-    source = kernel_source("gemm.cl")
+    source = kernel_source("gemm.cl", {"VW": 8})
     assert "#include" not in source and "KERNEL void gemm_panels" in source
+    # The op codes come first, numbered by the Python tables; then the build's defines.
+    assert f"#define UNARY_GELU {UNARY_CODES[UnaryOp.GELU]}\n" in source
+    assert source.index("#define UNARY_GELU") < source.index("#define VW 8") < source.index("gemm_panels")
     assert "__kernel" not in kernel_source("elementwise.cl").rsplit("COMPUTEHAL_DIALECT_H", 1)[1]
+    with pytest.raises(FileNotFoundError):
+        kernel_source("../backend.py")
 
 
 def test_recommended_tile_is_the_kernel_tile(be: Any) -> None:

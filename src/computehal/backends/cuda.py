@@ -42,7 +42,7 @@ from ..types import (
     UnaryOp,
 )
 from ._base import TableBackend, guarded
-from ._common import REDUCE_CODES, UNARY_CODES, refuse_extensions
+from ._common import REDUCE_CODES, refuse_extensions
 
 __all__ = [
     "CudaBackend",
@@ -171,16 +171,17 @@ _ATTN_MAX_DIM = 6144
 
 @functools.cache
 def _elementwise_unit() -> KernelSource:
-    # The seed's ops (the extension ops' kernels are not written for CUDA yet).
-    names = tuple(
-        f"unary_{op.value}" for op in UnaryOp if UNARY_CODES[op] <= UNARY_CODES[UnaryOp.NEG]
-    ) + tuple(f"binary_{op.value}" for op in BinaryOp if op is not BinaryOp.POW)
-    return _unit("elementwise.cl", {}, (*names, "fill_f32"))
+    names = (
+        *(f"unary_{op.value}" for op in UnaryOp),
+        *(f"binary_{op.value}" for op in BinaryOp),
+        *(f"broadcast_{op.value}" for op in BinaryOp),
+    )
+    return _unit("elementwise.cl", {}, (*names, "fill_u16", "fill_u32", "fill_u64"))
 
 
 @functools.cache
 def _gather_unit() -> KernelSource:
-    return _unit("gather.cl", {}, ("gather_rows", "scatter_rows"))
+    return _unit("movement.cl", {}, ("gather_32_i64", "scatter_pairs_32"))
 
 
 @functools.cache
@@ -735,8 +736,8 @@ class CudaBackend(TableBackend):
     def _fill(self, ptr: int, count: int, value: float = 0.0) -> None:
         if count:
             grid = (-(-count // 256),)
-            args = (_p(ptr), _i64(0), np.float32(value), _i64(count))
-            self._launch(_elementwise_unit(), "fill_f32", grid, (256,), args)
+            args = (_p(ptr), _i64(0), np.float32(value).view(np.uint32), _i64(count))
+            self._launch(_elementwise_unit(), "fill_u32", grid, (256,), args)
 
     def _sgemm(
         self,
@@ -963,17 +964,16 @@ class CudaBackend(TableBackend):
     # ------------------------------------------------------------------ element-wise
 
     def _exec_unary(self, p: v.ElementwiseProblem) -> None:
-        refuse_extensions("cuda", "unary", p)
         if p.n == 0:
             return
         assert isinstance(p.op, UnaryOp)
         keep: list[Any] = []
         x = self._operand(p.a, [p.out], keep, same_ok=True)
-        args = (_p(x), _i64(0), _p(p.out.ptr), _i64(0), _i64(p.n))
+        real = np.float32
+        args = (_p(x), _i64(0), _p(p.out.ptr), _i64(0), _i64(p.n), real(p.alpha), real(p.lo), real(p.hi))
         self._launch(_elementwise_unit(), f"unary_{p.op.value}", (-(-p.n // 256),), (256,), args)
 
     def _exec_binary(self, p: v.ElementwiseProblem) -> None:
-        refuse_extensions("cuda", "binary", p)
         if p.n == 0:
             return
         assert isinstance(p.op, BinaryOp) and p.b is not None
@@ -998,15 +998,10 @@ class CudaBackend(TableBackend):
         # Rows go in grid y (at most 65535 per launch).
         for r0, r1 in self._chunks(count, 0):
             args = (
-                _p(x),
-                _i64(0),
-                _p(idx + r0 * 8),
-                _p(p.output.ptr),
-                _i64(r0 * p.cols),
-                _i64(p.cols),
+                _p(x), _i64(0), _p(idx), _i64(r0), _p(p.output.ptr), _i64(r0 * p.cols), _i64(p.cols),
                 _i64(r1 - r0),
-            )
-            self._launch(_gather_unit(), "gather_rows", (-(-p.cols // block), r1 - r0), (block,), args)
+            )  # fmt: skip
+            self._launch(_gather_unit(), "gather_32_i64", (-(-p.cols // block), r1 - r0), (block,), args)
 
     def _exec_scatter(self, p: v.RowsProblem) -> None:
         refuse_extensions("cuda", "scatter", p)
@@ -1023,10 +1018,10 @@ class CudaBackend(TableBackend):
         block = min(256, -(-p.cols // 32) * 32)
         for r0, r1 in self._chunks(count, 0):
             args = (
-                _p(x), _i64(0), _p(src + r0 * 8), _p(dst + r0 * 8), _p(p.output.ptr), _i64(0),
+                _p(x), _i64(0), _p(src), _p(dst), _i64(r0), _p(p.output.ptr), _i64(0),
                 _i64(p.cols), _i64(r1 - r0),
             )  # fmt: skip
-            self._launch(_gather_unit(), "scatter_rows", (-(-p.cols // block), r1 - r0), (block,), args)
+            self._launch(_gather_unit(), "scatter_pairs_32", (-(-p.cols // block), r1 - r0), (block,), args)
 
 
 def _check_int32(name: str, value: int) -> None:

@@ -9,7 +9,9 @@
  *   GID(d) LID(d) GRP(d) LSIZE(d) NGRP(d)   global / local / group index, sizes (d = 0, 1, 2)
  *   DEVICE            qualifier of a helper function
  *   i64               64-bit signed integer (element offsets and indices)
+ *   u16 u32 u64       unsigned integers of 16, 32 and 64 bits (bit copies, 16-bit storage types)
  *   F32_BITS(x) BITS_F32(u)   reinterpret a float as a 32-bit unsigned int and back
+ *   ATOMIC_MAX_I32(p, v)      atomic max of an int in global memory
  *   VEC_T, VW         a vector of VW REALs (OpenCL floatN / doubleN; a small struct in CUDA)
  *   VZERO             a zero VEC_T;  VLOAD(p): load a VEC_T from an aligned GLOBAL pointer
  *   vec + vec, vec * scalar, vec - scalar, vec += vec   work in both languages
@@ -43,7 +45,10 @@
 #define DEVICE inline
 #define RESTRICT restrict
 typedef long i64;
+typedef ushort u16;
 typedef uint u32;
+typedef ulong u64;
+#define ATOMIC_MAX_I32(p, v) atomic_max((volatile GLOBAL int*)(p), (v))
 #define F32_BITS(x) as_uint(x)
 #define BITS_F32(u) as_float(u)
 #define CHAL_CAT3(a, b) a##b
@@ -61,7 +66,9 @@ typedef uint u32;
 #define SHARED __shared__
 #define BARRIER() __syncthreads()
 typedef long long i64;
+typedef unsigned short u16;
 typedef unsigned int u32;
+typedef unsigned long long u64;
 __device__ __forceinline__ unsigned int chal_dim3(const uint3 v, int d) { return d == 0 ? v.x : (d == 1 ? v.y : v.z); }
 __device__ __forceinline__ unsigned int chal_dim3(const dim3 v, int d) { return d == 0 ? v.x : (d == 1 ? v.y : v.z); }
 #define LID(d) ((int)chal_dim3(threadIdx, d))
@@ -71,10 +78,14 @@ __device__ __forceinline__ unsigned int chal_dim3(const dim3 v, int d) { return 
 #define GID(d) (GRP(d) * (i64)LSIZE(d) + (i64)LID(d))
 #define DEVICE __device__ __forceinline__
 #define RESTRICT __restrict__
+#define ATOMIC_MAX_I32(p, v) atomicMax((int*)(p), (v))
 #define F32_BITS(x) __float_as_uint(x)
 #define BITS_F32(u) __uint_as_float(u)
 #ifndef INFINITY /* NVRTC compiles without math.h */
 #define INFINITY __int_as_float(0x7f800000)
+#endif
+#ifndef NAN
+#define NAN __int_as_float(0x7fc00000)
 #endif
 template <typename T, int W>
 struct chal_vec {

@@ -9,7 +9,7 @@ import numpy as np
 
 from ... import validation as v
 from ...errors import InvalidArgumentError, UnsupportedError
-from .._common import ceil_div, round_up
+from .._common import ceil_div, refuse_extensions, round_up
 from ._core import OpenCLCore
 
 __all__ = ["AttentionOps"]
@@ -32,6 +32,7 @@ class AttentionOps(OpenCLCore):
     """attention."""
 
     def _exec_attention(self, p: v.AttentionProblem) -> None:
+        refuse_extensions("opencl", "attention", p)
         if p.seq_q > np.iinfo(np.int32).max or p.seq_kv > np.iinfo(np.int32).max:
             raise InvalidArgumentError("seq_q and seq_kv must fit in 32 bits")
         q, k, val, o = self._at(p.q), self._at(p.k), self._at(p.v), self._at(p.o)

@@ -11,7 +11,7 @@ import numpy as np
 
 from ... import validation as v
 from ...types import ReduceOp
-from .._common import REDUCE_CODES, ceil_div
+from .._common import REDUCE_CODES, ceil_div, refuse_extensions
 from ._core import OpenCLCore
 from ._runtime import Operand
 
@@ -58,6 +58,7 @@ class AxisOps(OpenCLCore):
             )  # fmt: skip
 
     def _exec_softmax(self, p: v.AxisProblem) -> None:
+        refuse_extensions("opencl", "softmax", p)
         x, y = self._at(p.input), self._at(p.output)
         with self._lock:
             if p.inner == 1:

@@ -14,6 +14,9 @@ from ._movement import MovementOps
 __all__ = ["OpenCLBackend"]
 
 _F32 = frozenset({"float32"})
+_WIDENED = frozenset({"float16", "bfloat16"})
+#: Bit copies take every storage dtype (float64 is moved as 64-bit words, no fp64 needed).
+_BITS = frozenset({"float16", "bfloat16", "float32", "float64"})
 
 
 class OpenCLBackend(ConvOps, AttentionOps, AxisOps, ElementwiseOps, MovementOps):
@@ -51,5 +54,9 @@ class OpenCLBackend(ConvOps, AttentionOps, AxisOps, ElementwiseOps, MovementOps)
     def _native_dtypes(self) -> Mapping[str, frozenset[str]]:
         floats = self._native_float()
         table = {op: _F32 for op in COMPUTE_OPS}
-        table.update(gemm=floats, batched_gemm=floats, copy_dtod=frozenset({"uint8"}), fill=_F32)
+        for op in ("gemm", "batched_gemm", "unary", "binary", "broadcast_binary"):
+            table[op] = floats
+        for op in ("fill", "copy_strided", "gather", "scatter"):
+            table[op] = _BITS
+        table.update(copy_dtod=frozenset({"uint8"}), cast=_WIDENED | floats)
         return table

@@ -11,7 +11,7 @@ import numpy as np
 
 from ... import validation as v
 from ...dtypes import F32
-from .._common import ceil_div, chunks
+from .._common import ceil_div, chunks, refuse_extensions
 from ._gemm import GEMM_TILE, GemmOps
 from ._runtime import Operand
 
@@ -41,6 +41,7 @@ class ConvOps(GemmOps):
         return chunks(total, per_item_bytes, budget=CONV_SCRATCH)
 
     def _exec_conv2d_forward(self, p: v.ConvProblem) -> None:
+        refuse_extensions("opencl", "conv2d_forward", p)
         vw, nr = GEMM_TILE[F32]
         mr = 2 * vw
         crs, spatial = p.c * p.fh * p.fw, p.oh * p.ow
@@ -70,6 +71,7 @@ class ConvOps(GemmOps):
                 )  # fmt: skip
 
     def _exec_conv2d_backward_data(self, p: v.ConvProblem) -> None:
+        refuse_extensions("opencl", "conv2d_backward_data", p)
         vw, nr = GEMM_TILE[F32]
         mr = 2 * vw
         crs, spatial = p.c * p.fh * p.fw, p.oh * p.ow
@@ -105,6 +107,7 @@ class ConvOps(GemmOps):
                 )  # fmt: skip
 
     def _exec_conv2d_backward_filter(self, p: v.ConvProblem) -> None:
+        refuse_extensions("opencl", "conv2d_backward_filter", p)
         vw, nr = GEMM_TILE[F32]
         mr = 2 * vw
         crs, spatial = p.c * p.fh * p.fw, p.oh * p.ow

@@ -287,6 +287,14 @@ class OpenCLCore(TableBackend):
     ) -> None:
         launch(self._queue, kernel, global_size, local_size, *args)
 
+    def _run(self) -> int:
+        """Elements one work-item walks along the inner dimension of a strided view."""
+        return 16 * self._ew if self._profile == "cpu" else 1
+
+    def _strided_local(self) -> tuple[int, int]:
+        """Work-group of the strided kernels (grid: runs of the inner dimension x outer index)."""
+        return (min(64, self._max_wg), 1) if self._profile == "gpu" else (1, 1)
+
     def _rows_ls(self, length: int) -> int:
         """Work-group size of a row reduction over rows of ``length`` elements."""
         return self._reduce_ls_wide if length >= _WIDE_ROW else self._reduce_ls

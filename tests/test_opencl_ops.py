@@ -1,0 +1,263 @@
+"""OpenCL kernels of the extension ops, in both kernel profiles (the CPU profile's vector runs and
+the GPU profile's one-element work-items take different code paths in the same kernels).
+
+The conformance kit checks every op's values on every backend; these tests pin down what is
+specific to the OpenCL kernels: both profiles, float64 builds, the strided index arithmetic
+over six dimensions, device-side index checks, and the exact rounding of the conversion
+kernels. References are independent NumPy definitions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from computehal import InvalidArgumentError
+from conftest import unavailable
+
+try:
+    import ml_dtypes
+
+    from computehal.backends.opencl import OpenCLBackend, list_devices
+except ImportError as error:  # pragma: no cover - exercised only without pyopencl
+    IMPORT_ERROR: str | None = f"{type(error).__name__}: {error}"
+else:
+    IMPORT_ERROR = None
+
+
+@pytest.fixture(scope="module", params=["cpu", "gpu"])
+def be(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """An OpenCL backend in each kernel profile."""
+    if IMPORT_ERROR is not None:
+        unavailable("opencl", IMPORT_ERROR)
+    if not list_devices():
+        unavailable("opencl", "no OpenCL platform with a device (install pocl-binary-distribution)")
+    backend = OpenCLBackend(kernel_profile=request.param)
+    backend.init()
+    yield backend
+    backend.close()
+
+
+def storage(dtype: str) -> Any:
+    return ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+
+
+def put(be: Any, array: np.ndarray[Any, Any]) -> int:
+    ptr = be.alloc(max(array.nbytes, 1))
+    be.copy_htod(ptr, np.ascontiguousarray(array))
+    return ptr
+
+
+def get(be: Any, ptr: int, shape: Any, dtype: Any) -> np.ndarray[Any, Any]:
+    out = np.empty(shape, dtype=dtype)
+    be.copy_dtoh(out, ptr)
+    return out
+
+
+def round_exact(x: np.ndarray[Any, Any], dtype: str) -> np.ndarray[Any, Any]:
+    """``x`` (float64) rounded to nearest-even in ``dtype`` from the definition, as float64."""
+    bits, emin, top = {
+        "float16": (11, -14, 65504.0),
+        "bfloat16": (8, -126, (2 - 2.0**-7) * 2.0**127),
+        "float32": (24, -126, (2 - 2.0**-23) * 2.0**127),
+    }[dtype]
+    out = np.array(x, dtype=np.float64)
+    pick = np.isfinite(out) & (out != 0)
+    _, exponent = np.frexp(out[pick])
+    step = np.maximum(exponent - bits, emin - bits + 1)
+    rounded = np.ldexp(np.rint(np.ldexp(out[pick], -step)), step)
+    out[pick] = np.where(np.abs(rounded) > top, np.copysign(np.inf, out[pick]), rounded)
+    return out
+
+
+# --------------------------------------------------------------------------- element-wise
+
+SPECIALS = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 1e-20, 3e38, -3e38, 9.75, -12.0]
+
+
+def _erf(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    return np.array([math.erf(v) for v in x])
+
+
+def _erfc(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    return np.array([math.erfc(v) for v in x])
+
+
+UNARY: dict[str, Any] = {
+    "tanh": np.tanh,
+    "gelu": lambda x: x * 0.5 * _erfc(-x / math.sqrt(2)),
+    "gelu_tanh": lambda x: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))),
+    "silu": lambda x: x / (1 + np.exp(-x)),
+    "erf": _erf,
+    "reciprocal": lambda x: 1 / x,
+    "square": lambda x: x * x,
+    "sin": np.sin,
+    "cos": np.cos,
+    "leaky_relu": lambda x: np.where(x >= 0, x, 0.25 * x),
+    "clip": lambda x: np.where(np.isnan(x), np.nan, np.minimum(np.maximum(x, -1.5), 2.0)),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("op", sorted(UNARY))
+def test_unary_extension_ops(be: Any, op: str, dtype: str) -> None:
+    n = 301
+    x = np.random.default_rng(3).uniform(-8, 8, n)
+    x[: len(SPECIALS)] = SPECIALS
+    if op in ("sin", "cos"):
+        x[10:12] = [1000.25, -1234.5]
+    x = x.astype(dtype)
+    kw = {"alpha": 0.25} if op == "leaky_relu" else ({"lo": -1.5, "hi": 2.0} if op == "clip" else {})
+    px, py = put(be, x), be.alloc(x.nbytes)
+    be.unary(op, px, py, n, dtype=dtype, **kw)
+    got = get(be, py, n, dtype).astype(np.float64)
+    with np.errstate(all="ignore"):
+        want = UNARY[op](x.astype(np.float64)).astype(dtype).astype(np.float64)  # overflow: inf
+    eps = np.finfo(dtype).eps
+    tol = 16 * eps * (np.abs(np.nan_to_num(want, posinf=0, neginf=0)) + 1)
+    if op in ("sin", "cos"):
+        tol = tol + 4 * eps * np.abs(np.nan_to_num(x.astype(np.float64), posinf=0, neginf=0))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f"{op}: NaN positions")
+    finite = np.isfinite(want)
+    np.testing.assert_array_equal(got[~finite & ~np.isnan(want)], want[~finite & ~np.isnan(want)])
+    assert np.all(np.abs(got[finite] - want[finite]) <= tol[finite]), op
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_binary_pow_is_c_pow(be: Any, dtype: str) -> None:
+    a = np.array([2.0, -2.0, -2.0, np.nan, 1.0, 0.0, 0.0, np.inf, -8.0, 3.0], dtype=dtype)
+    b = np.array([10.0, 3.0, 0.5, 0.0, np.nan, -1.0, 0.0, -2.0, 1 / 3, -2.0], dtype=dtype)
+    pa, pb, po = put(be, a), put(be, b), be.alloc(a.nbytes)
+    be.binary("pow", pa, pb, po, a.size, dtype=dtype)
+    with np.errstate(all="ignore"):
+        want = np.power(a.astype(np.float64), b.astype(np.float64))
+    np.testing.assert_allclose(get(be, po, a.size, dtype), want, rtol=4 * np.finfo(dtype).eps)
+
+
+BROADCASTS = [
+    ((3, 1, 5), (4, 1), (3, 4, 5)),  # inner strides 1 / 0
+    ((1, 7), (6, 7), (6, 7)),  # a broadcast along the outer dimension
+    ((5, 1), (1, 9), (5, 9)),  # inner strides 0 / 1
+    ((2, 3, 1, 2, 1, 3), (3, 4, 1, 5, 1), (2, 3, 4, 2, 5, 3)),  # six dimensions, general strides
+    ((), (4,), (4,)),
+    ((2, 0, 3), (3,), (2, 0, 3)),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize(("sa", "sb", "so"), BROADCASTS)
+def test_broadcast_binary_shapes(be: Any, sa: Any, sb: Any, so: Any, dtype: str) -> None:
+    rng = np.random.default_rng(len(so))
+    a, b = rng.standard_normal(sa).astype(dtype), rng.standard_normal(sb).astype(dtype)
+    pa, pb = put(be, a), put(be, b)
+    po = put(be, np.full(so, 7.0, dtype=dtype))
+    for op, fn in (("sub", np.subtract), ("max", np.fmax), ("div", np.divide)):
+        be.broadcast_binary(op, pa, sa, pb, sb, po, so, dtype=dtype)
+        np.testing.assert_array_equal(get(be, po, so, dtype), fn(a, b))
+
+
+# --------------------------------------------------------------------------- conversion and fill
+
+EDGES = [0.0, -0.0, 1.0, 1 + 2**-10, 1 + 2**-11, 1 + 3 * 2**-11, 65504.0, 65519.99, 65520.0, 2**-24,
+         2**-25, 3 * 2**-26, 1e-8, 1e-40, 3.4e38, 3.5e38, 1 + 2**-8, 1 + 3 * 2**-9, 1 + 2**-8 + 2**-30,
+         np.nan, np.inf, -np.inf, -1 - 2**-8 - 2**-40, 1e300, 1e-300]  # fmt: skip
+
+
+@pytest.mark.parametrize("src", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("dst", ["float16", "bfloat16", "float32", "float64"])
+def test_cast_rounds_to_nearest_even_once(be: Any, src: str, dst: str) -> None:
+    values = np.array(EDGES + list(np.random.default_rng(5).standard_normal(40) * 1e3))
+    x64 = values if src == "float64" else round_exact(values, src)
+    x = x64.astype(storage(src))
+    px, py = put(be, x), be.alloc(x.size * np.dtype(storage(dst)).itemsize)
+    be.cast(px, py, x.size, dtype=src, out_dtype=dst)
+    got = get(be, py, x.size, storage(dst)).astype(np.float64)
+    want = x64 if dst == "float64" else round_exact(x64, dst)
+    np.testing.assert_array_equal(got, want)
+    assert np.array_equal(np.signbit(got), np.signbit(want))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_fill_rounds_the_value_once(be: Any, dtype: str) -> None:
+    ptr = put(be, np.zeros(12, dtype=storage(dtype)))
+    for value in (1 / 3, 1 + 2**-8 + 2**-30, 70000.0, -0.0, np.nan, -np.inf):
+        be.fill(ptr + 2 * np.dtype(storage(dtype)).itemsize, 9, value, dtype=dtype)
+        got = get(be, ptr, 12, storage(dtype)).astype(np.float64)
+        want = value if dtype == "float64" else round_exact(np.array([value]), dtype)[0]
+        np.testing.assert_array_equal(got[2:11], np.full(9, want))
+        assert got[0] == got[1] == got[11] == 0
+
+
+# --------------------------------------------------------------------------- movement
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_copy_strided_views(be: Any, dtype: str) -> None:
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((2, 3, 4, 5, 2, 3)).astype(dtype)
+    x.reshape(-1)[::7] = np.nan
+    size = x.itemsize
+    px = put(be, x)
+    strides = [s // size for s in x.strides]
+    views = [
+        (x.transpose(5, 3, 0, 4, 1, 2), [strides[i] for i in (5, 3, 0, 4, 1, 2)], 0),  # permute
+        (x[:, ::-1, :, ::-2], [strides[0], -strides[1], strides[2], -2 * strides[3], *strides[4:]],
+         2 * strides[1] + 4 * strides[3]),  # reversed and strided slices
+        (np.broadcast_to(x[:, :1], (2, 5, 4, 5, 2, 3)), [strides[0], 0, *strides[2:]], 0),  # expand
+    ]  # fmt: skip
+    for view, src_strides, origin in views:
+        out = np.empty(view.shape, dtype=dtype)
+        dst_strides = [s // size for s in out.strides]
+        po = be.alloc(out.nbytes)
+        be.copy_strided(po, px + origin * size, view.shape, src_strides, dst_strides, dtype=dtype)
+        got = get(be, po, view.shape, dtype)
+        assert got.tobytes() == np.ascontiguousarray(view).tobytes()  # a bit copy: NaN payloads too
+
+
+def test_copy_strided_overlap_reads_the_source_first(be: Any) -> None:
+    x = np.arange(10, dtype=np.float32)
+    px = put(be, x)
+    be.copy_strided(px + 4, px, (9,), (1,), (1,))  # shift right by one, in place
+    np.testing.assert_array_equal(get(be, px, 10, np.float32), np.concatenate([[0], x[:9]]))
+
+
+@pytest.mark.parametrize("index_dtype", ["int32", "int64"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float64"])
+def test_device_indices_gather_scatter(be: Any, dtype: str, index_dtype: str) -> None:
+    rng = np.random.default_rng(2)
+    table = rng.standard_normal((9, 5)).astype(storage(dtype))
+    idx = np.array([4, 0, 8, 4, 2, 4], dtype=index_dtype)
+    pt, pi = put(be, table), put(be, idx)
+    po = be.alloc(idx.size * 5 * table.itemsize)
+    be.gather(pt, idx.size, po, 9, 5, dtype=dtype, indices_ptr=pi, index_dtype=index_dtype)
+    assert get(be, po, (6, 5), storage(dtype)).tobytes() == table[idx].tobytes()
+    rows = rng.standard_normal((6, 5)).astype(storage(dtype))
+    pr = put(be, rows)
+    be.scatter(pr, idx.size, pt, 9, 5, dtype=dtype, indices_ptr=pi, index_dtype=index_dtype)
+    want = table.copy()
+    for i, r in enumerate(idx):
+        want[r] = rows[i]  # the last duplicate wins
+    assert get(be, pt, (9, 5), storage(dtype)).tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("index_dtype", ["int32", "int64"])
+def test_device_indices_are_checked_before_anything_is_written(be: Any, index_dtype: str) -> None:
+    table = np.arange(12, dtype=np.float32).reshape(4, 3)
+    pt = put(be, table)
+    out = put(be, np.full((3, 3), -1.0, dtype=np.float32))
+    cases = (([1, -3, 2], "index -3 is negative"), ([1, 2, 7], "index 7 is out of range for 4 rows"))
+    for bad, message in cases:
+        pi = put(be, np.array(bad, dtype=index_dtype))
+        with pytest.raises(InvalidArgumentError, match=message):
+            be.gather(pt, 3, out, 4, 3, indices_ptr=pi, index_dtype=index_dtype)
+        with pytest.raises(InvalidArgumentError, match=message):
+            be.scatter(out, 3, pt, 4, 3, indices_ptr=pi, index_dtype=index_dtype)
+        # the host path says the same
+        with pytest.raises(InvalidArgumentError, match=message):
+            be.gather(pt, np.array(bad), out, 4, 3)
+    np.testing.assert_array_equal(get(be, out, (3, 3), np.float32), np.full((3, 3), -1.0))
+    np.testing.assert_array_equal(get(be, pt, (4, 3), np.float32), table)
