@@ -1,0 +1,215 @@
+"""computehal.onnx.InferenceSession: loading, folding, views, memory reuse, partitioning.
+
+Results are compared with NumPy definitions written here; placement and the number of
+host round trips are observed through a counting wrapper around the CPU backend.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from computehal import ForwardingBackend, InvalidArgumentError, UnsupportedError  # noqa: E402
+from computehal.backends.cpu import CpuBackend  # noqa: E402
+from computehal.onnx import FallbackWarning, InferenceSession  # noqa: E402
+from computehal.types import Capabilities  # noqa: E402
+
+F = TensorProto.FLOAT
+I64 = TensorProto.INT64
+
+
+def model(nodes: list[Any], inputs: list[Any], outputs: list[Any], inits: dict[str, np.ndarray] | None = None,
+          opset: int = 17) -> onnx.ModelProto:  # fmt: skip
+    initializers = [numpy_helper.from_array(v, k) for k, v in (inits or {}).items()]
+    graph = helper.make_graph(nodes, "test", inputs, outputs, initializer=initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def vi(name: str, elem: int, shape: list[Any] | None) -> Any:
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+class Counting(ForwardingBackend):
+    """Counts calls per method; optionally claims another name and hides some ops."""
+
+    def __init__(self, inner: Any, label: str = "cpu", hide: frozenset[str] = frozenset()) -> None:
+        super().__init__(inner)
+        self.calls: dict[str, int] = {}
+        self.label = label
+        self.hide = hide
+        for method in ("synchronize", "copy_dtoh", "copy_htod", "unary", "gemm", "alloc"):
+            self._count(method)
+
+    def _count(self, method: str) -> None:
+        forward = getattr(self.inner, method)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[method] = self.calls.get(method, 0) + 1
+            return forward(*args, **kwargs)
+
+        setattr(self, method, counted)
+
+    def name(self) -> str:
+        return self.label
+
+    def capabilities(self) -> Capabilities:
+        caps = self.inner.capabilities()
+        table = tuple((op, frozenset() if op in self.hide else d) for op, d in caps.op_dtypes)
+        return Capabilities(op_dtypes=table, native_ops=caps.native_ops)
+
+
+@pytest.fixture
+def cpu() -> Any:
+    with CpuBackend() as backend:
+        yield backend
+
+
+def mlp() -> tuple[onnx.ModelProto, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    w1 = rng.standard_normal((6, 5)).astype(np.float32)
+    w2 = rng.standard_normal((5, 3)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"]),
+        helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("Identity", ["r"], ["r2"]),
+        helper.make_node("Reshape", ["r2", "shape"], ["flat"]),
+        helper.make_node("Reshape", ["flat", "back"], ["r3"]),
+        helper.make_node("MatMul", ["r3", "w2"], ["y"]),
+    ]
+    inits = {"w1": w1, "w2": w2, "shape": np.array([-1], np.int64), "back": np.array([4, 5], np.int64)}
+    m = model(nodes, [vi("x", F, [4, 6])], [vi("y", F, [4, 3])], inits)
+    return m, w1, w2
+
+
+def test_mlp_matches_numpy_with_one_synchronize_and_no_round_trip(cpu: Any) -> None:
+    m, w1, w2 = mlp()
+    backend = Counting(cpu)
+    session = InferenceSession(m, backend=backend)
+    x = np.random.default_rng(1).standard_normal((4, 6)).astype(np.float32)
+    backend.calls.clear()
+    (y,) = session.run(None, {"x": x})
+    np.testing.assert_allclose(y, np.maximum(x @ w1, 0) @ w2, rtol=1e-5, atol=1e-5)
+    assert backend.calls["synchronize"] == 1
+    assert backend.calls["copy_dtoh"] == 1  # the output only: nothing comes back between nodes
+    assert backend.calls["copy_htod"] == 1  # the input only: weights went up when the plan was made
+    assert backend.calls["gemm"] == 2 and backend.calls["unary"] == 1
+    assert "alloc" not in backend.calls  # memory was placed once, at load
+
+
+def test_plan_reports_views_and_removed_nodes(cpu: Any) -> None:
+    m, _, _ = mlp()
+    report = InferenceSession(m, backend=cpu).plan()
+    where = {n.op: n.where for n in report.nodes}
+    assert where["Reshape"] == "view" and where["MatMul"] == "cpu" and where["Relu"] == "cpu"
+    assert [n.op for n in report.nodes].count("Identity") == 0 and report.removed_at_load == 1
+    assert all(n.calls == () for n in report.nodes if n.where == "view")
+    assert "device memory on cpu" in str(report)
+
+
+def test_intermediate_memory_is_reused_by_lifetime(cpu: Any) -> None:
+    nodes = [helper.make_node("Relu" if i == 7 else "Neg", [f"t{i}"], [f"t{i + 1}"]) for i in range(8)]
+    m = model(nodes, [vi("t0", F, [64, 64])], [vi("t8", F, [64, 64])])
+    session = InferenceSession(m, backend=cpu)
+    x = np.random.default_rng(2).standard_normal((64, 64)).astype(np.float32)
+    (y,) = session.run(None, {"t0": x})
+    np.testing.assert_array_equal(y, np.maximum(-x, 0))
+    (memory,) = session.plan().memory
+    assert memory.naive_bytes == 9 * 64 * 64 * 4
+    assert memory.arena_bytes <= 3 * 64 * 64 * 4 < memory.naive_bytes
+
+
+def test_shape_arithmetic_is_folded_into_views(cpu: Any) -> None:
+    """Shape -> Gather -> Concat -> Reshape: folded once the input shape is known; no host node."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+        helper.make_node("Unsqueeze", ["n", "axes"], ["n1"]),
+        helper.make_node("Concat", ["n1", "minus1"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["flat"]),
+        helper.make_node("Relu", ["flat"], ["y"]),
+    ]
+    inits = {
+        "zero": np.array(0, np.int64),
+        "axes": np.array([0], np.int64),
+        "minus1": np.array([-1], np.int64),
+    }
+    m = model(nodes, [vi("x", F, ["batch", 3, 4])], [vi("y", F, None)], inits)
+    session = InferenceSession(m, backend=cpu)
+    for batch in (2, 5):
+        x = np.random.default_rng(batch).standard_normal((batch, 3, 4)).astype(np.float32)
+        (y,) = session.run(None, {"x": x})
+        np.testing.assert_array_equal(y, np.maximum(x.reshape(batch, -1), 0))
+        ops = {n.op: n.where for n in session.plan({"x": (batch, 3, 4)}).nodes}
+        assert ops == {"Reshape": "view", "Relu": "cpu"}
+
+
+def test_integer_inputs_are_computed_on_the_host(cpu: Any) -> None:
+    table = np.arange(40, dtype=np.float32).reshape(10, 4)
+    nodes = [
+        helper.make_node("Add", ["ids", "one"], ["shifted"]),
+        helper.make_node("Gather", ["table", "shifted"], ["rows"], axis=0),
+        helper.make_node("Relu", ["rows"], ["y"]),
+    ]
+    m = model(
+        nodes,
+        [vi("ids", I64, [2, 3])],
+        [vi("y", F, [2, 3, 4])],
+        {"table": table, "one": np.array(1, np.int64)},
+    )
+    session = InferenceSession(m, backend=cpu)
+    ids = np.array([[0, 1, 2], [8, 7, -3]], np.int64)
+    (y,) = session.run(None, {"ids": ids})
+    np.testing.assert_array_equal(y, table[ids + 1])
+    where = {n.op: n.where for n in session.plan().nodes}
+    assert where == {"Add": "host", "Gather": "cpu", "Relu": "cpu"}
+    with pytest.raises(InvalidArgumentError):
+        session.run(None, {"ids": np.full((2, 3), 9, np.int64)})  # 10 is out of range
+
+
+def test_fallback_to_cpu_with_warning_and_strict_refusal(cpu: Any) -> None:
+    m, w1, w2 = mlp()
+    restricted = Counting(CpuBackend(), label="restricted", hide=frozenset({"unary"}))
+    with pytest.warns(FallbackWarning, match="Relu"):
+        session = InferenceSession(m, backend=restricted)
+    report = session.plan()
+    assert {n.op: n.where for n in report.nodes}["Relu"] == "cpu"
+    assert report.fallback_nodes[0].reason is not None and "unary" in report.fallback_nodes[0].reason
+    assert [(b.source, b.target) for b in report.borders] == [("restricted", "cpu"), ("cpu", "restricted")]
+    x = np.random.default_rng(3).standard_normal((4, 6)).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (y,) = session.run(None, {"x": x})
+    np.testing.assert_allclose(y, np.maximum(x @ w1, 0) @ w2, rtol=1e-5, atol=1e-5)
+    with pytest.raises(UnsupportedError, match="Relu"):
+        InferenceSession(m, backend=restricted, strict=True)
+    session.close()
+    restricted.close()
+
+
+def test_feeds_are_checked(cpu: Any) -> None:
+    m, _, _ = mlp()
+    session = InferenceSession(m, backend=cpu)
+    x = np.zeros((4, 6), np.float32)
+    with pytest.raises(InvalidArgumentError, match="missing"):
+        session.run(None, {})
+    with pytest.raises(InvalidArgumentError, match="float32"):
+        session.run(None, {"x": x.astype(np.float64)})
+    with pytest.raises(InvalidArgumentError, match="axis 1"):
+        session.run(None, {"x": np.zeros((4, 5), np.float32)})
+    with pytest.raises(InvalidArgumentError, match="unknown output"):
+        session.run(["nope"], {"x": x})
+    assert [i.name for i in session.get_inputs()] == ["x"]
+    assert session.get_inputs()[0].type == "tensor(float)" and session.get_outputs()[0].shape == [4, 3]
+
+
+def test_unmappable_node_is_refused_with_its_reason(cpu: Any) -> None:
+    nodes = [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2, 2])]
+    m = model(nodes, [vi("x", F, [1, 1, 4, 4, 4])], [vi("y", F, [1, 1, 3, 3, 3])])
+    with pytest.raises(UnsupportedError, match="3-D MaxPool"):
+        InferenceSession(m, backend=cpu)
