@@ -38,7 +38,7 @@ def shared_backend(name: str | None) -> ComputeBackend:
     Sessions given a name share one backend instance each (contexts and compiled kernels
     are made once); a session frees only its own memory.
     """
-    from ..probe import create_backend
+    from .. import create_backend
 
     key = "auto" if name is None else name.strip().lower()
     with _SHARED_LOCK:

@@ -6,7 +6,8 @@ and, where the call uses an optional part of the method (conv groups, a dilation
 bias, four-sided padding; an attention mask, grouped-query heads, a causal rule;
 log-softmax; a particular unary / binary / reduce / pool op; a cast target), that feature.
 A feature is established by running the method once on a few bytes of this backend's
-memory; the answer is remembered per backend instance.
+memory (for keyword features, with inputs whose result is known, so a backend that
+ignores the keyword is caught too); the answer is remembered per backend instance.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..backend import ComputeBackend
+from ..dtypes import as_float_dtype
 from ..errors import BackendError, UnsupportedError
 from ._tensors import Call, Upload
 
@@ -97,6 +99,8 @@ def _probe(backend: ComputeBackend, method: str, dtype: str, feature: str) -> st
         backend.synchronize()
     except UnsupportedError as exc:
         return str(exc)
+    except _Mismatch as exc:
+        return f"{method} on {backend.name()} gives wrong results with {feature} ({exc})"
     except BackendError as exc:
         return f"{method} with {feature} failed its probe: {exc}"
     finally:
@@ -107,22 +111,52 @@ def _probe(backend: ComputeBackend, method: str, dtype: str, feature: str) -> st
 Ptrs = tuple[int, int, int, int]
 
 
+class _Mismatch(Exception):
+    """A probe ran but gave the wrong numbers (the backend ignores or mis-computes the feature)."""
+
+
+def _put(be: ComputeBackend, ptr: int, values: Any, dt: str) -> None:
+    be.copy_htod(ptr, np.ascontiguousarray(np.asarray(values, dtype=np.float64).astype(as_float_dtype(dt))))
+
+
+def _expect(be: ComputeBackend, ptr: int, want: Any, dt: str) -> None:
+    expected = np.asarray(want, dtype=np.float64)
+    got = np.empty(expected.shape, dtype=as_float_dtype(dt))
+    be.copy_dtoh(got, ptr)
+    tol = 1e-2 if as_float_dtype(dt).itemsize == 2 else 1e-5
+    if not np.allclose(got.astype(np.float64), expected, rtol=tol, atol=tol, equal_nan=True):
+        raise _Mismatch(f"got {got.reshape(-1).tolist()}, expected {expected.reshape(-1).tolist()}")
+
+
 def _conv(be: ComputeBackend, p: Ptrs, dt: str, feature: str) -> None:
     a, b, c, d = p
     if feature == "groups":
+        _put(be, a, [1, 2], dt)
+        _put(be, b, [3, 4], dt)
         be.conv2d_forward(
-            a, (1, 2, 2, 2), b, (2, 1, 1, 1), c, (1, 2, 2, 2), (1, 1), (0, 0), dtype=dt, groups=2
+            a, (1, 2, 1, 1), b, (2, 1, 1, 1), c, (1, 2, 1, 1), (1, 1), (0, 0), dtype=dt, groups=2
         )
+        _expect(be, c, [3, 8], dt)
     elif feature == "dilation":
+        _put(be, a, np.arange(9), dt)
+        _put(be, b, np.ones(4), dt)
         be.conv2d_forward(
             a, (1, 1, 3, 3), b, (1, 1, 2, 2), c, (1, 1, 1, 1), (1, 1), (0, 0), dtype=dt, dilation=(2, 2)
         )
+        _expect(be, c, [16], dt)
     elif feature == "bias":
+        _put(be, a, [2], dt)
+        _put(be, b, [3], dt)
+        _put(be, d, [5], dt)
         be.conv2d_forward(
-            a, (1, 1, 2, 2), b, (1, 1, 1, 1), c, (1, 1, 2, 2), (1, 1), (0, 0), dtype=dt, bias_ptr=d
+            a, (1, 1, 1, 1), b, (1, 1, 1, 1), c, (1, 1, 1, 1), (1, 1), (0, 0), dtype=dt, bias_ptr=d
         )
+        _expect(be, c, [11], dt)
     elif feature == "pad4":
+        _put(be, a, [1, 2, 3, 4], dt)
+        _put(be, b, [1], dt)
         be.conv2d_forward(a, (1, 1, 2, 2), b, (1, 1, 1, 1), c, (1, 1, 3, 2), (1, 1), (1, 0, 0, 0), dtype=dt)
+        _expect(be, c, [0, 0, 1, 2, 3, 4], dt)
 
 
 def _pool(be: ComputeBackend, p: Ptrs, dt: str, feature: str) -> None:
@@ -143,14 +177,29 @@ def _pool(be: ComputeBackend, p: Ptrs, dt: str, feature: str) -> None:
 
 def _attention(be: ComputeBackend, p: Ptrs, dt: str, feature: str) -> None:
     q, k, v, o = p
-    if feature == "mask":
-        be.attention(q, k, v, o, 1, 1, 1, 1, 2, 1.0, False, dtype=dt, mask_ptr=o + 512, mask_shape=(1, 1))
-    elif feature == "kv_heads":
+    e = float(np.e)
+    if feature == "kv_heads":
+        _put(be, q, [1, 0, 0, 1], dt)
+        _put(be, k, [1, 1], dt)
+        _put(be, v, [5, 6], dt)
         be.attention(q, k, v, o, 1, 2, 1, 1, 2, 1.0, False, dtype=dt, kv_heads=1)
+        _expect(be, o, [5, 6, 5, 6], dt)
+        return
+    _put(be, k, [1, 0, 0, 1], dt)
+    _put(be, v, [1, 2, 3, 4], dt)
+    if feature == "mask":
+        _put(be, q, [1, 0, 1, 0], dt)
+        _put(be, o + 512, [0, float("-inf")], dt)
+        be.attention(q, k, v, o, 1, 1, 2, 2, 2, 1.0, False, dtype=dt, mask_ptr=o + 512, mask_shape=(1, 2))
+        _expect(be, o, [1, 2, 1, 2], dt)
     elif feature == "cross":
+        _put(be, q, [1, 0], dt)
         be.attention(q, k, v, o, 1, 1, 1, 2, 2, 1.0, False, dtype=dt)
+        _expect(be, o, [(e + 3) / (e + 1), (2 * e + 4) / (e + 1)], dt)
     elif feature == "causal":
+        _put(be, q, [1, 0, 1, 0], dt)
         be.attention(q, k, v, o, 1, 1, 2, 2, 2, 1.0, True, dtype=dt)
+        _expect(be, o, [1, 2, (e + 3) / (e + 1), (2 * e + 4) / (e + 1)], dt)
 
 
 def _elementwise(method: str) -> Callable[[ComputeBackend, Ptrs, str, str], None]:
@@ -175,7 +224,11 @@ def _copy(be: ComputeBackend, p: Ptrs, dt: str, feature: str) -> None:
 
 
 def _softmax(be: ComputeBackend, p: Ptrs, dt: str, feature: str) -> None:
+    x = np.array([[1.0, 2.0], [3.0, 5.0]])
+    _put(be, p[0], x, dt)
     be.softmax(p[0], p[2], (2, 2), 1, dtype=dt, log=True)
+    shifted = x - x.max(axis=1, keepdims=True)
+    _expect(be, p[2], shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True)), dt)
 
 
 def _cast(be: ComputeBackend, p: Ptrs, dt: str, feature: str) -> None:

@@ -9,6 +9,7 @@ import numpy as np
 
 from ._lowering import Lowerer, Unmappable, lowers, normalize_axis
 from ._tensors import DeviceTensor, broadcast_strides
+from .ops_elementwise import emit_binary
 
 _REDUCE = {"ReduceSum": "sum", "ReduceMean": "mean", "ReduceMax": "max", "ReduceMin": "min"}
 
@@ -157,21 +158,11 @@ def _layer_norm_stats(lw: Lowerer, x: DeviceTensor, rows: int, cols: int, eps: f
     if not lw.wants(2):
         return
     centred = lw.scratch((rows, cols), x.dtype, "centred")
-    lw.call(
-        "broadcast_binary",
-        "sub",
-        x,
-        (rows, cols),
-        mean.view((rows, 1)),
-        (rows, 1),
-        centred,
-        (rows, cols),
-        dtype=x.dt,
-    )
+    emit_binary(lw, "sub", x, mean.view((rows, 1)), centred)
     lw.call("unary", "square", centred, centred, rows * cols, dtype=x.dt)
     inv = lw.output(2).view((rows,))
     lw.call("reduce", "mean", centred, inv, (rows, cols), 1, dtype=x.dt)
     eps_t = lw.weight(np.asarray([eps], dtype=x.dtype), "eps", key=f"eps:{eps}:{x.dt}")
-    lw.call("broadcast_binary", "add", inv, (rows,), eps_t, (1,), inv, (rows,), dtype=x.dt)
+    emit_binary(lw, "add", inv, eps_t, inv)
     lw.call("unary", "sqrt", inv, inv, rows, dtype=x.dt)
     lw.call("unary", "reciprocal", inv, inv, rows, dtype=x.dt)
