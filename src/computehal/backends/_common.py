@@ -1,4 +1,4 @@
-"""Small mechanisms every backend shares: op codes, launch chunking, integer helpers.
+"""Small mechanisms every backend shares: op codes, launch chunking, integer and view helpers.
 
 Op codes are numbered once here, in enum order, and handed to kernels as generated
 ``#define`` / ``const`` lines (:func:`c_defines`, :func:`wgsl_consts`), so a kernel and
@@ -8,8 +8,11 @@ the Python that launches it can never disagree about what code 3 means.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
+import math
+from collections.abc import Iterator, Sequence
 from typing import Any
+
+import numpy as np
 
 from ..errors import UnsupportedError
 from ..memory import ceil_div
@@ -23,8 +26,11 @@ __all__ = [
     "c_defines",
     "ceil_div",
     "chunks",
+    "collapse",
+    "fill_pattern",
     "refuse_extensions",
     "round_up",
+    "strided_outer",
     "wgsl_consts",
 ]
 
@@ -81,6 +87,69 @@ def chunks(
     step = max(1, min(most, budget // per_item_bytes if per_item_bytes else most))
     for start in range(0, total, step):
         yield start, min(total, start + step)
+
+
+def collapse(shape: Sequence[int], *strides: Sequence[int]) -> tuple[list[int], list[list[int]]]:
+    """Drop extent-1 dimensions and merge neighbours that every stride list walks as one.
+
+    Dimensions ``d`` and ``d + 1`` merge when, for each stride list,
+    ``stride[d] == stride[d + 1] * shape[d + 1]`` (zero strides merge with zero
+    strides). Returns the new shape (at least one dimension) and stride lists.
+    """
+    dims = [(e, [s[d] for s in strides]) for d, e in enumerate(shape) if e != 1]
+    out_shape: list[int] = []
+    out_strides: list[list[int]] = []
+    for extent, ss in dims:
+        if out_shape and all(prev == cur * extent for prev, cur in zip(out_strides[-1], ss, strict=True)):
+            out_shape[-1] *= extent
+            out_strides[-1] = ss
+            continue
+        out_shape.append(extent)
+        out_strides.append(ss)
+    if not out_shape:
+        return [1], [[0] for _ in strides]
+    return out_shape, [[ss[i] for ss in out_strides] for i in range(len(strides))]
+
+
+def strided_outer(dims: Sequence[int], sa: Sequence[int], sb: Sequence[int]) -> tuple[int, ...]:
+    """The ``CHAL_OUTER_PARAMS`` of ``kernels/strided.h`` for all but the innermost dimension.
+
+    Extents ``e1..e5`` (outermost first, padded with unit extents), then the strides of
+    the two operands over them. At most six dimensions in all.
+    """
+    pad = 5 - (len(dims) - 1)
+    if pad < 0:
+        raise ValueError("at most 6 dimensions")
+    return (
+        *([1] * pad + list(dims[:-1])),
+        *([0] * pad + list(sa[:-1])),
+        *([0] * pad + list(sb[:-1])),
+    )
+
+
+_UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def _bf16_bits(value: float) -> int:
+    """``value`` rounded to nearest-even bfloat16 (through float32 rounded to odd: one rounding)."""
+    with np.errstate(over="ignore"):
+        f = np.float32(value)
+    bits = int(f.view(np.uint32))
+    if math.isnan(value):
+        return (bits >> 16) | 0x40
+    if float(f) != value:  # inexact: round to odd
+        if abs(float(f)) > abs(value):
+            bits -= 1
+        bits |= 1
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+
+
+def fill_pattern(value: float, dtype: np.dtype[Any]) -> Any:
+    """The bit pattern of ``value`` rounded to ``dtype`` (nearest-even), as an unsigned scalar."""
+    if dtype.name == "bfloat16":
+        return np.uint16(_bf16_bits(value))
+    with np.errstate(over="ignore"):
+        return np.array(value, dtype=np.float64).astype(dtype).view(_UINT[dtype.itemsize])[()]
 
 
 def refuse_extensions(backend: str, op: str, p: Any) -> None:

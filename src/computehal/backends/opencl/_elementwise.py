@@ -17,9 +17,9 @@ from ... import validation as v
 from ...dtypes import F64
 from ...errors import UnsupportedError
 from ...types import BinaryOp, UnaryOp
-from .._common import ceil_div
+from .._common import ceil_div, collapse
 from ._core import OpenCLCore
-from ._runtime import collapse, outer_args
+from ._runtime import outer_args
 
 __all__ = ["ElementwiseOps", "SHORT_NAMES"]
 

@@ -9,7 +9,6 @@ anything is written.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -17,38 +16,13 @@ import pyopencl as cl
 
 from ... import validation as v
 from ...errors import InvalidArgumentError, UnsupportedError
-from .._common import ceil_div
+from .._common import ceil_div, collapse, fill_pattern
 from ._core import OpenCLCore
-from ._runtime import Operand, check, collapse, outer_args
+from ._runtime import Operand, check, outer_args
 
-__all__ = ["MovementOps", "fill_pattern"]
+__all__ = ["MovementOps"]
 
 I64 = np.int64
-_UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
-
-
-def _bf16_bits(value: float) -> int:
-    """``value`` rounded to nearest-even bfloat16 (through float32 rounded to odd: one rounding)."""
-    with np.errstate(over="ignore"):
-        f = np.float32(value)
-    bits = int(f.view(np.uint32))
-    if math.isnan(value):
-        return (bits >> 16) | 0x40
-    if float(f) != value:  # inexact: round to odd
-        if abs(float(f)) > abs(value):
-            bits -= 1
-        bits |= 1
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
-
-
-def fill_pattern(value: float, dtype: np.dtype[Any]) -> Any:
-    """The bit pattern of ``value`` rounded to ``dtype`` (nearest-even), as an unsigned scalar."""
-    if dtype.name == "bfloat16":
-        return np.uint16(_bf16_bits(value))
-    with np.errstate(over="ignore"):
-        return np.array(value, dtype=np.float64).astype(dtype).view(_UINT[dtype.itemsize])[()]
-
-
 class MovementOps(OpenCLCore):
     """copy_dtod, fill, copy_strided, gather and scatter."""
 

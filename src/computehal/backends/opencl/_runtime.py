@@ -19,9 +19,18 @@ import pyopencl as cl
 
 from ...errors import DeviceError, OutOfMemoryError
 from ...kernels import kernel_source
-from .._common import round_up
+from .._common import round_up, strided_outer
 
-__all__ = ["Operand", "ProgramCache", "check", "launch", "new_buffer", "real_defines", "translate"]
+__all__ = [
+    "Operand",
+    "ProgramCache",
+    "check",
+    "launch",
+    "new_buffer",
+    "outer_args",
+    "real_defines",
+    "translate",
+]
 
 _OOM_CODES = frozenset(
     {
@@ -153,37 +162,6 @@ def launch(queue: Any, kernel: Any, global_size: Sequence[int], local_size: Sequ
         raise translate(exc, f"launching {getattr(kernel, 'function_name', 'a kernel')}") from exc
 
 
-def collapse(shape: Sequence[int], *strides: Sequence[int]) -> tuple[list[int], list[list[int]]]:
-    """``shape`` and its stride sets with unit dimensions dropped and mergeable ones merged.
-
-    Two neighbouring dimensions merge when every stride set steps over the inner one
-    exactly (``s[i] == s[i + 1] * shape[i + 1]``). At least one dimension remains.
-    """
-    dims: list[int] = []
-    sets: list[list[int]] = [[] for _ in strides]
-    for axis, extent in enumerate(shape):
-        if extent == 1:
-            continue
-        if dims and all(s[-1] == st[axis] * extent for s, st in zip(sets, strides, strict=True)):
-            dims[-1] *= extent
-            for s, st in zip(sets, strides, strict=True):
-                s[-1] = st[axis]
-            continue
-        dims.append(extent)
-        for s, st in zip(sets, strides, strict=True):
-            s.append(st[axis])
-    if not dims:
-        return [1], [[0] for _ in strides]
-    return dims, sets
-
-
 def outer_args(dims: Sequence[int], sa: Sequence[int], sb: Sequence[int]) -> tuple[Any, ...]:
-    """The ``CHAL_OUTER_PARAMS`` of ``kernels/strided.h`` for all but the innermost dimension
-    (at most five), padded with unit extents."""
-    pad = 5 - (len(dims) - 1)
-    if pad < 0:
-        raise ValueError("at most 6 dimensions")
-    ext = [1] * pad + list(dims[:-1])
-    a = [0] * pad + list(sa[:-1])
-    b = [0] * pad + list(sb[:-1])
-    return tuple(np.int64(x) for x in (*ext, *a, *b))
+    """The ``CHAL_OUTER_PARAMS`` of ``kernels/strided.h`` as kernel arguments (see ``strided_outer``)."""
+    return tuple(np.int64(x) for x in strided_outer(dims, sa, sb))
