@@ -309,7 +309,7 @@ UNARY_NEW = ["gelu", "gelu_tanh", "silu", "erf", "reciprocal", "square", "sin", 
 @pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(np.float64)], ids=str)
 @pytest.mark.parametrize("n", [37, 200_000])
 @pytest.mark.parametrize("op", UNARY_NEW)
-def test_unary_extensions(be: CpuBackend, op: str, n: int, dtype: Any) -> None:
+def test_unary_extensions(be: CpuBackend, kernel_path: str, op: str, n: int, dtype: Any) -> None:
     x = (RNG.standard_normal(n) * 4).astype(dtype)
     x[:8] = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30, 30.0, -30.0]
     kwargs: dict[str, float] = {}
@@ -468,6 +468,7 @@ POOL_CASES = [
     ("avg", (2, 3), (2, 2), (0, 1, 1, 0), (1, 1), True, True),
     ("max", (3, 2), (2, 3), (1, 0, 1, 1), (2, 1), True, False),
     ("avg", (7, 7), (1, 1), (0, 0, 0, 0), (1, 1), False, False),  # global pooling
+    ("max", (7, 7), (1, 1), (0, 0, 0, 0), (1, 1), False, False),
     ("max", (2, 2), (1, 1), (1, 1, 1, 1), (1, 1), False, False),
 ]
 

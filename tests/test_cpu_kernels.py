@@ -65,7 +65,21 @@ def _log64(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
         return np.log(x)
 
 
+def _erf64(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    import scipy.special
+
+    return np.asarray(scipy.special.erf(x))
+
+
+def _kact(name: str) -> Callable[..., None]:
+    import computehal.backends.cpu._kact as A
+
+    fn: Callable[..., None] = getattr(A, name)
+    return fn
+
+
 CASES: list[tuple[str, Callable[..., None], Callable[[Any], Any], float]] = [
+    ("erf", _kact("erf_into"), _erf64, 2.0),
     ("exp", K.exp_into, np.exp, 2.0),
     ("log", K.log_into, _log64, 2.0),
     ("tanh", K.tanh_into, np.tanh, 2.0),

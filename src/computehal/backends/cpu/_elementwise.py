@@ -177,13 +177,57 @@ _BINARY: dict[BinaryOp, Callable[..., object]] = {
 }
 
 
+#: Unary ops with a compiled float32 kernel ``kernel(x, out)``: (module, attribute).
+_F32_KERNELS = {
+    UnaryOp.EXP: ("_kmath", "exp_into"),
+    UnaryOp.LOG: ("_kmath", "log_into"),
+    UnaryOp.TANH: ("_kmath", "tanh_into"),
+    UnaryOp.SIGMOID: ("_kmath", "sigmoid_into"),
+    UnaryOp.GELU: ("_kact", "gelu_into"),
+    UnaryOp.GELU_TANH: ("_kact", "gelu_tanh_into"),
+    UnaryOp.SILU: ("_kact", "silu_into"),
+    UnaryOp.ERF: ("_kact", "erf_into"),
+}
+
+
+def _compiled_unary(p: v.ElementwiseProblem) -> Callable[[FloatArray, FloatArray], None] | None:
+    """A one-pass compiled kernel for ``p`` (float32 functions, parametrised ReLU / clip), or None."""
+    if p.n < KERNEL_THRESHOLD:
+        return None
+    if p.op in (UnaryOp.LEAKY_RELU, UnaryOp.CLIP):
+        compiled = kernels("_kact")
+        if compiled is None:
+            return None
+        if p.op is UnaryOp.LEAKY_RELU:
+            alpha = np.array([p.alpha], dtype=p.dtype)
+            return lambda x, out: compiled.leaky_relu_into(x, out, alpha)
+        bounds = np.array([p.lo, p.hi], dtype=p.dtype)
+        return lambda x, out: compiled.clip_into(x, out, bounds)
+    op = p.op
+    assert isinstance(op, UnaryOp)
+    found = _F32_KERNELS.get(op) if p.dtype == np.float32 else None
+    compiled = None if found is None else kernels(found[0])
+    if compiled is None or found is None:
+        return None
+    kernel: Callable[[FloatArray, FloatArray], None] = getattr(compiled, found[1])
+    return kernel
+
+
 class ElementwiseOps(CpuPlumbing):
     """``unary``, ``binary`` and ``broadcast_binary``."""
 
     def _exec_unary(self, p: v.ElementwiseProblem) -> None:
         assert isinstance(p.op, UnaryOp)
-        fn = _UNARY[p.op]
         x, out = self._flat(p.a, p.dtype), self._flat(p.out, p.dtype)
+        kernel = _compiled_unary(p)
+        if kernel is not None:
+
+            def run_kernel(start: int, stop: int) -> None:
+                kernel(x[start:stop], out[start:stop])
+
+            parallel_ranges(p.n, run_kernel)
+            return
+        fn = _UNARY[p.op]
         step = p.n if p.op in _ONE_PASS else BLOCK
 
         def run(start: int, stop: int) -> None:

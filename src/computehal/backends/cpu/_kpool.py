@@ -23,7 +23,7 @@ from typing import Any
 import numba
 import numpy as np
 
-__all__ = ["pool_planes", "tap_range", "tap_range_cols", "column_plan", "warm_up"]
+__all__ = ["global_planes", "pool_planes", "tap_range", "tap_range_cols", "column_plan", "warm_up"]
 
 _U = np.uint64
 
@@ -40,6 +40,8 @@ def _compiled(**extra: Any) -> Any:
 
 
 _jit = _compiled()
+#: Reductions: reassociation lets LLVM keep a vector of partial results (no NaN assumption).
+_reduce = _compiled(fastmath={"reassoc"})
 #: Helpers called inside the loops: inlined by numba (a call passing arrays costs reference counting).
 _inline = _compiled(inline="always")
 
@@ -195,6 +197,26 @@ def pool_planes(x: Any, out: Any, geometry: Any, is_max: bool, include_pad: bool
                     of[base + _U(j)] = acc[j] / (rows * col_count[j])
 
 
+@_reduce
+def global_planes(x: Any, out: Any, is_max: bool) -> None:
+    """Global pooling: ``out[p]`` = fmax (NaN skipped, -inf when none) or mean of row ``p`` of 2-D ``x``."""
+    rows, cols = x.shape
+    xf = x.reshape(-1)
+    for r in range(rows):
+        base = _U(r * cols)
+        if is_max:
+            best = -np.inf
+            for q in range(cols):
+                v = xf[base + _U(q)]
+                best = v if v > best else best
+            out[r] = best
+        else:
+            total = 0.0
+            for q in range(cols):
+                total += xf[base + _U(q)]
+            out[r] = total / cols
+
+
 def warm_up() -> None:
     """Compile (or load from numba's cache) the kernel for float32 and float64."""
     geometry = np.array([2, 2, 1, 1, 0, 0, 0, 0, 1, 1], dtype=np.int64)
@@ -204,3 +226,4 @@ def warm_up() -> None:
         for is_max in (False, True):
             for include in (False, True):
                 pool_planes(x, out, geometry, is_max, include)
+            global_planes(x.reshape(1, 4), out.reshape(1), is_max)

@@ -67,10 +67,33 @@ def _pool_numpy(p: v.PoolProblem, x: FloatArray, out: FloatArray) -> None:
 class PoolOps(CpuPlumbing):
     """``pool2d``."""
 
+    @staticmethod
+    def _pool_global(p: v.PoolProblem, x: FloatArray, out: FloatArray) -> bool:
+        """Global pooling (one window covering each whole image): a reduction per plane."""
+        if (p.kh, p.kw, p.oh, p.ow, p.dh, p.dw) != (p.h, p.w, 1, 1, 1, 1) or p.pt or p.pl or p.pb or p.pr:
+            return False
+        flat, result = x.reshape(x.shape[0], -1), out.reshape(-1)
+        compiled = kernels("_kpool")
+
+        def run(start: int, stop: int) -> None:
+            with np.errstate(all="ignore"):
+                if compiled is not None:
+                    compiled.global_planes(flat[start:stop], result[start:stop], p.op is PoolOp.MAX)
+                elif p.op is PoolOp.MAX:
+                    np.fmax.reduce(flat[start:stop], axis=1, initial=-np.inf, out=result[start:stop])
+                else:
+                    np.add.reduce(flat[start:stop], axis=1, out=result[start:stop])
+                    result[start:stop] /= result.dtype.type(p.h * p.w)
+
+        parallel_ranges(flat.shape[0], run, grain=max(1, PARALLEL_THRESHOLD // max(1, flat.shape[1])))
+        return True
+
     def _exec_pool2d(self, p: v.PoolProblem) -> None:
         planes = p.n * p.c
         x = self._array(p.x, (planes, p.h, p.w), p.dtype)
         out = self._array(p.y, (planes, p.oh, p.ow), p.dtype)
+        if self._pool_global(p, x, out):
+            return
         compiled = kernels("_kpool")
         geometry = np.array([p.kh, p.kw, p.sh, p.sw, p.pt, p.pl, p.pb, p.pr, p.dh, p.dw], dtype=np.int64)
         is_max = p.op is PoolOp.MAX
