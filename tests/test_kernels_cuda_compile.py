@@ -43,7 +43,11 @@ CONFIGS: dict[str, list[dict[str, str]]] = {
     "elementwise.cl": [{"EW": "1"}, {"EW": "16", "REAL": "double", "USE_FP64": "1"}],
     "cast.cl": [{"EW": "16", "USE_FP64": "1"}],
     "movement.cl": [{"LS": "64"}],
-    "reduce.cl": [{"LS": "64", "CONTIG": "0"}, {"LS": "64", "CONTIG": "1"}],
+    "reduce.cl": [
+        {"LS": "64", "CONTIG": "0"},
+        {"LS": "64", "CONTIG": "1", "REAL": "double", "USE_FP64": "1"},
+    ],
+    "norm.cl": [{"LS": "64", "CONTIG": "0"}, {"LS": "256", "CONTIG": "1", "REAL": "double", "USE_FP64": "1"}],
 }
 
 

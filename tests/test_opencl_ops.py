@@ -261,3 +261,69 @@ def test_device_indices_are_checked_before_anything_is_written(be: Any, index_dt
             be.gather(pt, np.array(bad), out, 4, 3)
     np.testing.assert_array_equal(get(be, out, (3, 3), np.float32), np.full((3, 3), -1.0))
     np.testing.assert_array_equal(get(be, pt, (4, 3), np.float32), table)
+
+
+# --------------------------------------------------------------------------- axis ops and normalisation
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize(("shape", "axis"), [((3, 5000), 1), ((4, 7, 5), 1), ((9,), 0)])
+def test_log_softmax_and_float64_reductions(be: Any, shape: Any, axis: int, dtype: str) -> None:
+    rng = np.random.default_rng(len(shape))
+    x = rng.standard_normal(shape).astype(dtype) * 4
+    x.reshape(-1)[1] = -np.inf
+    px, py = put(be, x), be.alloc(x.nbytes)
+    x64 = x.astype(np.float64)
+    peak = x64.max(axis=axis, keepdims=True)
+    be.softmax(px, py, shape, axis, dtype=dtype, log=True)
+    want = (x64 - peak) - np.log(np.exp(x64 - peak).sum(axis=axis, keepdims=True))
+    tol = 64 * np.finfo(dtype).eps
+    np.testing.assert_allclose(get(be, py, shape, dtype), want, rtol=tol, atol=tol)
+    assert get(be, py, shape, dtype).reshape(-1)[1] == -np.inf
+    out_shape = tuple(s for i, s in enumerate(shape) if i != axis)
+    po = be.alloc(max(1, math.prod(out_shape)) * x.itemsize)
+    be.reduce("mean", px, po, shape, axis, dtype=dtype)
+    np.testing.assert_allclose(get(be, po, out_shape, dtype), x64.mean(axis=axis), rtol=tol * 100)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("cols", [1, 300, 5000])
+def test_layer_and_rms_norm(be: Any, cols: int, dtype: str) -> None:
+    rng = np.random.default_rng(cols)
+    x = (rng.standard_normal((4, cols)) * 3 + 1).astype(dtype)
+    x[2, 0] = np.nan
+    scale, bias = rng.standard_normal(cols).astype(dtype), rng.standard_normal(cols).astype(dtype)
+    px, ps, pb, py = put(be, x), put(be, scale), put(be, bias), be.alloc(x.nbytes)
+    x64 = x.astype(np.float64)
+    tol = 64 * np.finfo(dtype).eps
+    be.layer_norm(px, py, 4, cols, 1e-5, scale_ptr=ps, bias_ptr=pb, dtype=dtype)
+    centred = x64 - x64.mean(axis=1, keepdims=True)
+    want = centred / np.sqrt((centred**2).mean(axis=1, keepdims=True) + 1e-5) * scale + bias
+    np.testing.assert_allclose(get(be, py, (4, cols), dtype), want, rtol=tol, atol=tol)
+    be.rms_norm(px, py, 4, cols, 1e-5, bias_ptr=pb, dtype=dtype)
+    want = x64 / np.sqrt((x64**2).mean(axis=1, keepdims=True) + 1e-5) + bias
+    np.testing.assert_allclose(get(be, py, (4, cols), dtype), want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_batch_norm_and_lrn(be: Any, dtype: str) -> None:
+    rng = np.random.default_rng(8)
+    shape = (2, 5, 3, 7)
+    x = rng.standard_normal(shape).astype(dtype)
+    scale, bias, mean = (rng.standard_normal(5).astype(dtype) for _ in range(3))
+    var = np.abs(rng.standard_normal(5)).astype(dtype)
+    px, py = put(be, x), be.alloc(x.nbytes)
+    ps, pb, pm, pv = (put(be, a) for a in (scale, bias, mean, var))
+    be.batch_norm(px, shape, ps, pb, pm, pv, py, 1e-3, dtype=dtype)
+    per = [a.astype(np.float64).reshape(1, 5, 1, 1) for a in (scale, bias, mean, var)]
+    want = (x - per[2]) / np.sqrt(per[3] + 1e-3) * per[0] + per[1]
+    tol = 16 * np.finfo(dtype).eps
+    np.testing.assert_allclose(get(be, py, shape, dtype), want, rtol=tol, atol=tol)
+    for size in (1, 2, 3, 8):
+        be.lrn(px, py, shape, size, 0.5, 0.75, 2.0, dtype=dtype)
+        squares = np.zeros(shape)
+        for c in range(5):
+            window = slice(max(0, c - (size - 1) // 2), min(5, c + size // 2 + 1))
+            squares[:, c] = (x[:, window].astype(np.float64) ** 2).sum(axis=1)
+        want = x / (2.0 + 0.5 / size * squares) ** 0.75
+        np.testing.assert_allclose(get(be, py, shape, dtype), want, rtol=tol, atol=tol)

@@ -948,17 +948,20 @@ class CudaBackend(TableBackend):
             self._launch(_reduce_unit(), "reduce_cols", (-(-count // 128),), (128,), args)
 
     def _exec_softmax(self, p: v.AxisProblem) -> None:
-        refuse_extensions("cuda", "softmax", p)
         if p.outer * p.length * p.inner == 0:
             return
         keep: list[Any] = []
         x = self._operand(p.input, [p.output], keep, same_ok=True)
         if p.inner == 1:
-            args: tuple[Any, ...] = (_p(x), _i64(0), _p(p.output.ptr), _i64(0), _i64(p.length))
+            log = np.int32(int(p.log))
+            args: tuple[Any, ...] = (_p(x), _i64(0), _p(p.output.ptr), _i64(0), _i64(p.length), log)
             self._launch(_reduce_unit(), "softmax_rows", (p.outer,), (_REDUCE_LS,), args)
         else:
             count = p.outer * p.inner
-            args = (_p(x), _i64(0), _p(p.output.ptr), _i64(0), _i64(p.outer), _i64(p.length), _i64(p.inner))
+            args = (
+                _p(x), _i64(0), _p(p.output.ptr), _i64(0), _i64(p.outer), _i64(p.length), _i64(p.inner),
+                np.int32(int(p.log)),
+            )  # fmt: skip
             self._launch(_reduce_unit(), "softmax_cols", (-(-count // 128),), (128,), args)
 
     # ------------------------------------------------------------------ element-wise

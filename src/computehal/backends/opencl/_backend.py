@@ -54,7 +54,9 @@ class OpenCLBackend(ConvOps, AttentionOps, AxisOps, ElementwiseOps, MovementOps)
     def _native_dtypes(self) -> Mapping[str, frozenset[str]]:
         floats = self._native_float()
         table = {op: _F32 for op in COMPUTE_OPS}
-        for op in ("gemm", "batched_gemm", "unary", "binary", "broadcast_binary"):
+        for op in ("gemm", "batched_gemm", "unary", "binary", "broadcast_binary", "reduce", "softmax"):
+            table[op] = floats
+        for op in ("layer_norm", "rms_norm", "batch_norm", "lrn"):
             table[op] = floats
         for op in ("fill", "copy_strided", "gather", "scatter"):
             table[op] = _BITS
