@@ -43,6 +43,7 @@ CONFIGS: dict[str, list[dict[str, str]]] = {
     "elementwise.cl": [{"EW": "1"}, {"EW": "16", "REAL": "double", "USE_FP64": "1"}],
     "cast.cl": [{"EW": "16", "USE_FP64": "1"}],
     "movement.cl": [{"LS": "64"}],
+    "pool.cl": [{"REAL": "float"}, {"REAL": "double", "USE_FP64": "1"}],
     "reduce.cl": [
         {"LS": "64", "CONTIG": "0"},
         {"LS": "64", "CONTIG": "1", "REAL": "double", "USE_FP64": "1"},

@@ -327,3 +327,57 @@ def test_batch_norm_and_lrn(be: Any, dtype: str) -> None:
             squares[:, c] = (x[:, window].astype(np.float64) ** 2).sum(axis=1)
         want = x / (2.0 + 0.5 / size * squares) ** 0.75
         np.testing.assert_allclose(get(be, py, shape, dtype), want, rtol=tol, atol=tol)
+
+
+# --------------------------------------------------------------------------- pooling
+
+
+def _pool_reference(x: Any, op: str, out_hw: Any, kernel: Any, stride: Any, pads: Any, dil: Any,
+                    include_pad: bool) -> Any:  # fmt: skip
+    n, c, h, w = x.shape
+    oh, ow = out_hw
+    out = np.empty((n, c, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            vals, padded = [], 0
+            for r in range(kernel[0]):
+                for q in range(kernel[1]):
+                    yy, xx = i * stride[0] - pads[0] + r * dil[0], j * stride[1] - pads[1] + q * dil[1]
+                    if 0 <= yy < h and 0 <= xx < w:
+                        vals.append(x[:, :, yy, xx])
+                    padded += -pads[0] <= yy < h + pads[2] and -pads[1] <= xx < w + pads[3]
+            stack = np.array(vals) if vals else np.zeros((0, n, c))
+            if op == "max":
+                out[:, :, i, j] = np.fmax.reduce(stack, axis=0, initial=-np.inf)
+            else:
+                with np.errstate(invalid="ignore"):
+                    out[:, :, i, j] = stack.sum(axis=0) / (padded if include_pad else len(vals))
+    return out
+
+
+POOLS = [
+    ((3, 3), (2, 2), (1, 1, 1, 1), (1, 1), False),
+    ((2, 3), (1, 2), (0, 1, 1, 2), (2, 1), True),
+    ((3, 3), (2, 2), (0, 0, 0, 0), (1, 1), True),  # ceil mode: the last window overhangs
+    ((7, 6), (1, 1), (0, 0, 0, 0), (1, 1), False),  # global
+    ((2, 2), (2, 2), (1, 1, 1, 1), (3, 3), False),  # dilated: some windows see only padding
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize(("kernel", "stride", "pads", "dil", "ceil"), POOLS)
+def test_pool2d(be: Any, kernel: Any, stride: Any, pads: Any, dil: Any, ceil: bool, dtype: str) -> None:
+    from computehal.validation import pool_output_size
+
+    x = np.random.default_rng(7).standard_normal((2, 3, 7, 6)).astype(dtype)
+    x[0, 1, 2, 3] = np.nan
+    oh = pool_output_size(7, kernel[0], stride[0], pads[0], pads[2], dil[0], ceil)
+    ow = pool_output_size(6, kernel[1], stride[1], pads[1], pads[3], dil[1], ceil)
+    px, py = put(be, x), be.alloc(2 * 3 * oh * ow * x.itemsize)
+    for op in ("max", "avg"):
+        for include in (False, True):
+            be.pool2d(op, px, x.shape, py, (2, 3, oh, ow), kernel, stride, pads, dilation=dil, ceil_mode=ceil,
+                      count_include_pad=include, dtype=dtype)  # fmt: skip
+            want = _pool_reference(x.astype(np.float64), op, (oh, ow), kernel, stride, pads, dil, include)
+            tol = 8 * np.finfo(dtype).eps
+            np.testing.assert_allclose(get(be, py, (2, 3, oh, ow), dtype), want, rtol=tol, atol=tol)

@@ -3,7 +3,7 @@
 The package is split the way the contract is: device discovery (``_device``), driver
 plumbing (``_runtime``: error translation, buffers, the bounded program cache, launches),
 the backend's device state (``_core``), then one module per op family (``_gemm``,
-``_conv``, ``_attention``, ``_axis``, ``_elementwise``, ``_movement``), combined by
+``_conv``, ``_pool``, ``_attention``, ``_axis``, ``_elementwise``, ``_movement``), combined by
 ``_backend``. Importing it imports ``pyopencl``.
 """
 

@@ -10,6 +10,7 @@ from ._axis import AxisOps
 from ._conv import ConvOps
 from ._elementwise import ElementwiseOps
 from ._movement import MovementOps
+from ._pool import PoolOps
 
 __all__ = ["OpenCLBackend"]
 
@@ -19,7 +20,7 @@ _WIDENED = frozenset({"float16", "bfloat16"})
 _BITS = frozenset({"float16", "bfloat16", "float32", "float64"})
 
 
-class OpenCLBackend(ConvOps, AttentionOps, AxisOps, ElementwiseOps, MovementOps):
+class OpenCLBackend(ConvOps, AttentionOps, AxisOps, ElementwiseOps, MovementOps, PoolOps):
     """Compute on one OpenCL device (a GPU, or a CPU through PoCL) with real kernels.
 
     Parameters
@@ -56,7 +57,7 @@ class OpenCLBackend(ConvOps, AttentionOps, AxisOps, ElementwiseOps, MovementOps)
         table = {op: _F32 for op in COMPUTE_OPS}
         for op in ("gemm", "batched_gemm", "unary", "binary", "broadcast_binary", "reduce", "softmax"):
             table[op] = floats
-        for op in ("layer_norm", "rms_norm", "batch_norm", "lrn"):
+        for op in ("layer_norm", "rms_norm", "batch_norm", "lrn", "pool2d"):
             table[op] = floats
         for op in ("fill", "copy_strided", "gather", "scatter"):
             table[op] = _BITS

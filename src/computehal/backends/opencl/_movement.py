@@ -23,6 +23,8 @@ from ._runtime import Operand, check, outer_args
 __all__ = ["MovementOps"]
 
 I64 = np.int64
+
+
 class MovementOps(OpenCLCore):
     """copy_dtod, fill, copy_strided, gather and scatter."""
 
