@@ -1,15 +1,21 @@
-"""WgpuBackend on a real adapter (lavapipe in CI), checked against independent NumPy definitions.
+"""What only the wgpu backend has, on a real adapter (lavapipe here), against NumPy definitions.
 
-The whole module is skipped when wgpu-py or an adapter is missing, unless
-``COMPUTEHAL_REQUIRE_BACKENDS`` names wgpu (or vulkan / webgpu / metal), in which
-case a missing adapter is a failure.
+Every op's semantics are checked on every backend by the conformance kit
+(``tests/test_conformance.py``); this file checks the wgpu backend's own machinery:
+adapter selection and ``kind``, wgpu error translation, the queue (bind-group cache,
+pipeline cache, buffers that outlive the work recorded with them), the word-owning
+shaders (byte copies, fills, 16-bit conversion), the special functions built in WGSL,
+device-side index checks, grid limits, and llvmpipe's loop budget: lavapipe silently
+stops every shader loop after 65535 iterations, so the backend cuts long work into
+several dispatches (checked at real sizes and, through ``tight``, at a tiny budget).
 """
 
 from __future__ import annotations
 
-import os
+import random
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import ml_dtypes
@@ -18,46 +24,30 @@ import numpy.typing as npt
 import pytest
 
 from computehal import (
-    BackendError,
+    DeviceError,
     InvalidArgumentError,
-    MemoryKind,
-    NotInitializedError,
+    OutOfMemoryError,
     UnsupportedError,
 )
+from conftest import make_backend
 
 F32 = np.float32
 Array = npt.NDArray[Any]
 
 
-def _required() -> bool:
-    names = {s.strip().lower() for s in os.environ.get("COMPUTEHAL_REQUIRE_BACKENDS", "").split(",")}
-    return bool(names & {"wgpu", "vulkan", "webgpu", "metal"})
-
-
-def _make() -> Any:
-    from computehal.backends.wgpu import WgpuBackend
-
-    backend = WgpuBackend()
-    backend.init()
-    return backend
-
-
-try:
-    _probe = _make()
-    _probe.close()
-    _REASON = ""
-except Exception as exc:  # noqa: BLE001 - any failure means "no usable adapter here"
-    _REASON = f"wgpu backend unavailable: {type(exc).__name__}: {exc}"
-
-if _REASON:
-    if _required():
-        raise RuntimeError(_REASON + " (required by COMPUTEHAL_REQUIRE_BACKENDS)")
-    pytest.skip(_REASON, allow_module_level=True)
-
-
 @pytest.fixture(scope="module")
 def be() -> Iterator[Any]:
-    backend = _make()
+    """One initialised wgpu backend (skipped, or failed when required, without an adapter)."""
+    backend = make_backend("wgpu")
+    yield backend
+    backend.close()
+
+
+@pytest.fixture()
+def tight(be: Any) -> Iterator[Any]:
+    """A backend that splits work as llvmpipe does, but against a far smaller loop budget."""
+    backend = make_backend("wgpu")
+    backend._gpu.loop_budget = 2000  # exercise the split paths at small sizes
     yield backend
     backend.close()
 
@@ -76,77 +66,108 @@ def get(be: Any, ptr: int, shape: Any, dtype: Any = F32) -> Array:
     return out
 
 
-def colmajor(mat: Array, ld: int, fill: float = 0.0) -> Array:
-    rows, cols = mat.shape
-    flat = np.full(ld * cols, fill, dtype=F32)
-    for j in range(cols):
-        flat[j * ld : j * ld + rows] = mat[:, j]
-    return flat
+# ---------------------------------------------------------------------- adapters and errors
 
 
-def from_colmajor(flat: Array, rows: int, cols: int, ld: int) -> Array:
-    return np.stack([flat[j * ld : j * ld + rows] for j in range(cols)], axis=1)
-
-
-# ---------------------------------------------------------------------- identity
-
-
-def test_identity_and_devices(be: Any) -> None:
+def test_device_zero_is_the_preferred_adapter_and_kind_follows_it() -> None:
     import wgpu
 
-    assert be.name() in ("vulkan", "metal", "webgpu")
-    caps = be.capabilities()
-    assert caps.supports_fp64 is False
-    assert caps.supports_fp16 == ("shader-f16" in be._gpu.device.adapter.features)
-    assert "gemm" in caps.native_ops and "attention" in caps.native_ops
-    devices = be.available_devices()
-    assert devices and len(devices) == len(wgpu.gpu.enumerate_adapters_sync())
-    for i, dev in enumerate(devices):
-        assert dev.ordinal == i and dev.name and dev.name != "adapter"
-        assert isinstance(dev.memory_kind, MemoryKind)
-        assert dev.capabilities.max_threads_per_block >= 64
-
-
-def test_not_initialized_before_init() -> None:
     from computehal.backends.wgpu import WgpuBackend
 
-    fresh = WgpuBackend()
-    assert fresh.name() in ("vulkan", "metal", "webgpu")
-    assert not fresh.is_initialized()
-    with pytest.raises(NotInitializedError):
-        fresh.alloc(16)
-    with pytest.raises(NotInitializedError):
-        fresh.unary("relu", 1, 1, 0)
-    fresh.init()
-    fresh.init()
-    assert fresh.is_initialized()
-    fresh.close()
+    assert WgpuBackend.kind == "vulkan"  # the class's default kind
+    preferred = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+    adapters = wgpu.gpu.enumerate_adapters_sync()
+    first = WgpuBackend()
+    devices = first.available_devices()
+    assert len(devices) == len(adapters)
+    assert devices[0].name.startswith(str(preferred.info["device"]))
+    assert [d.ordinal for d in devices] == list(range(len(devices)))
+    for ordinal, device in enumerate(devices):
+        backend = WgpuBackend(device=ordinal)
+        backend_type = device.name.rsplit("(", 1)[-1].rstrip(")").lower()
+        assert (
+            backend.kind
+            == backend.name()
+            == (backend_type if backend_type in ("vulkan", "metal") else "webgpu")
+        )
+        assert device.capabilities.supports_fp64 is False
+        assert device.capabilities.supports("cast", "bfloat16")
+    with pytest.raises(DeviceError, match="adapters"):
+        WgpuBackend(device=len(devices)).init()
 
 
-def test_bad_adapter_index() -> None:
-    from computehal.backends.wgpu import WgpuBackend
+def test_wgpu_errors_become_backend_errors_with_their_text() -> None:
+    import wgpu
 
-    with pytest.raises(BackendError):
-        WgpuBackend(device=999).init()
+    from computehal.backends.wgpu._adapter import check
+
+    with pytest.raises(DeviceError, match="doing a thing: .*the driver's own words"):
+        with check("doing a thing"):
+            raise wgpu.GPUValidationError("the driver's own words")
+    with pytest.raises(OutOfMemoryError):
+        with check("allocating"):
+            raise wgpu.GPUOutOfMemoryError("no room")
 
 
-# ---------------------------------------------------------------------- memory
+def test_float64_is_refused_with_the_reason(be: Any) -> None:
+    p = be.alloc(64)
+    for call in (
+        lambda: be.gemm("N", "N", 1, 1, 1, 1.0, p, 1, p, 1, 0.0, p, 1),  # gemm defaults to float64
+        lambda: be.unary("exp", p, p, 2, dtype="float64"),
+        lambda: be.cast(p, p + 32, 2, dtype="float32", out_dtype="float64"),
+    ):
+        with pytest.raises(UnsupportedError, match="WGSL has no float64"):
+            call()
+    assert "float64" not in be.capabilities().dtypes("gemm")
+    be.free(p)
 
 
-def test_alloc_free_errors(be: Any) -> None:
-    with pytest.raises(InvalidArgumentError):
-        be.alloc(0)
-    with pytest.raises(InvalidArgumentError):
-        be.alloc(-4)
-    ptr = be.alloc(10)
-    assert ptr % 64 == 0
-    with pytest.raises(InvalidArgumentError):
-        be.free(ptr + 4)
-    be.free(ptr)
-    with pytest.raises(InvalidArgumentError):
-        be.free(ptr)
-    with pytest.raises(InvalidArgumentError):
-        be.copy_htod(ptr, b"abcd")
+def test_limits_are_reported(be: Any) -> None:
+    with pytest.raises(OutOfMemoryError):
+        be.alloc(be._gpu.max_buffer + 4)
+    px = be.alloc(4096)
+    saved = be._gpu.max_binding
+    be._gpu.max_binding = 1024
+    try:
+        with pytest.raises(UnsupportedError, match="maxStorageBufferBindingSize"):
+            be.unary("abs", px, px, 1024)
+    finally:
+        be._gpu.max_binding = saved
+    be.free(px)
+
+
+# ---------------------------------------------------------------------- the queue and caches
+
+
+def test_pipelines_are_compiled_once(be: Any) -> None:
+    px = put(be, np.ones(256, F32))
+
+    def calls() -> None:
+        for op in ("exp", "relu", "tanh", "neg"):
+            be.unary(op, px, px, 256)
+            be.unary(op, px, px, 99)  # vec4 body and scalar tail
+        be.binary("mul", px, px, px, 17)
+        be.reduce("max", px, px, [8, 16], 1)
+
+    calls()
+    compiled = be._gpu.programs.compiled()
+    assert {"unary4", "unary", "binary4", "binary", "reduce_thread"} <= compiled[0]
+    calls()
+    assert be._gpu.programs.compiled() == compiled
+    be.free(px)
+
+
+def test_bind_groups_are_cached_and_forgotten_with_their_buffer(be: Any) -> None:
+    queue = be._gpu.queue
+    px, py = put(be, np.ones(64, F32)), be.alloc(256)
+    be.unary("exp", px, py, 64)
+    cached = queue.cached_groups()
+    for _ in range(5):
+        be.unary("exp", px, py, 64)  # the same operands: the same bind group
+    assert queue.cached_groups() == cached
+    be.free(px)
+    assert queue.cached_groups() < cached  # the freed buffer's groups are dropped
+    be.free(py)
 
 
 @pytest.mark.parametrize("size", [1, 3, 5, 13, 64, 67])
@@ -166,17 +187,6 @@ def test_unaligned_byte_copies_are_exact(be: Any, size: int) -> None:
     np.testing.assert_array_equal(get(be, ptr, size, np.uint8), expected)
     with pytest.raises(InvalidArgumentError):
         be.copy_htod(ptr, bytes(size + 1))  # the table records the requested size
-    be.free(ptr)
-
-
-def test_copy_accepts_buffer_protocol_objects(be: Any) -> None:
-    ptr = be.alloc(16)
-    be.copy_htod(ptr, memoryview(bytearray(b"0123456789abcdef")))
-    out = np.zeros(4, dtype=np.uint32)
-    be.copy_dtoh(out, ptr)
-    assert out.tobytes() == b"0123456789abcdef"
-    with pytest.raises(InvalidArgumentError):
-        be.copy_dtoh(b"read-only", ptr)
     be.free(ptr)
 
 
@@ -409,429 +419,23 @@ def test_strided_broadcast_and_normalisation_kernels(be: Any) -> None:
         be.free(p)
 
 
-# ---------------------------------------------------------------------- GEMM
+# ---------------------------------------------------------------------- kernel paths and grids
 
 
-@pytest.mark.parametrize("ta", ["N", "T", "C"])
-@pytest.mark.parametrize("tb", ["N", "T"])
-@pytest.mark.parametrize("shape", [(1, 1, 1), (70, 33, 129), (65, 64, 17)])
-@pytest.mark.parametrize("beta", [0.0, -0.5])
-def test_gemm(be: Any, ta: str, tb: str, shape: tuple[int, int, int], beta: float) -> None:
-    m, n, k = shape
-    rng = np.random.default_rng(m * 1000 + n + k)
-    a_rows, a_cols = (m, k) if ta == "N" else (k, m)
-    b_rows, b_cols = (k, n) if tb == "N" else (n, k)
-    a = rng.standard_normal((a_rows, a_cols)).astype(F32)
-    b = rng.standard_normal((b_rows, b_cols)).astype(F32)
-    c = rng.standard_normal((m, n)).astype(F32)
-    if beta == 0.0:
-        c[0, 0] = np.nan  # write-only C: the NaN must not survive
-    lda, ldb, ldc = a_rows + 2, b_rows + 1, m + 3
-    c_flat = colmajor(c, ldc, fill=123.0)
-    pa, pb, pc = put(be, colmajor(a, lda)), put(be, colmajor(b, ldb)), put(be, c_flat)
-    be.gemm(ta, tb, m, n, k, 1.25, pa, lda, pb, ldb, beta, pc, ldc, dtype="float32")
-    got_flat = get(be, pc, c_flat.shape)
-    op_a = a.astype(np.float64) if ta == "N" else a.T.astype(np.float64)
-    op_b = b.astype(np.float64) if tb == "N" else b.T.astype(np.float64)
-    want = 1.25 * np.einsum("ik,kj->ij", op_a, op_b) + (beta * c if beta else 0.0)
-    got = from_colmajor(got_flat, m, n, ldc)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.sqrt(k))
-    padding = np.ones(ldc * n, dtype=bool)
-    for j in range(n):
-        padding[j * ldc : j * ldc + m] = False
-    assert np.all(got_flat[padding] == 123.0)  # rows between m and ldc untouched
-    for p in (pa, pb, pc):
-        be.free(p)
-
-
-def test_gemm_quick_returns_do_not_read_a_b(be: Any) -> None:
-    c = np.array([1.0, np.nan, 3.0, 4.0], dtype=F32)
-    pc = put(be, c)
-    nan_ab = put(be, np.full(16, np.nan, dtype=F32))
-    be.gemm("N", "N", 2, 2, 0, 1.0, nan_ab, 2, nan_ab, 1, 0.0, pc, 2, dtype="float32")
-    np.testing.assert_array_equal(get(be, pc, 4), np.zeros(4))
-    be.copy_htod(pc, np.array([1, 2, 3, 4], dtype=F32))
-    be.gemm("N", "N", 2, 2, 2, 0.0, nan_ab, 2, nan_ab, 2, 2.0, pc, 2, dtype="float32")
-    np.testing.assert_array_equal(get(be, pc, 4), [2, 4, 6, 8])
-    be.gemm("N", "N", 0, 2, 2, 1.0, nan_ab, 1, nan_ab, 2, 0.0, pc, 1, dtype="float32")
-    np.testing.assert_array_equal(get(be, pc, 4), [2, 4, 6, 8])
-    be.free(pc)
-    be.free(nan_ab)
-
-
-def test_gemm_float64_is_unsupported(be: Any) -> None:
-    ptr = be.alloc(64)
-    with pytest.raises(UnsupportedError, match="float64"):
-        be.gemm("N", "N", 2, 2, 2, 1.0, ptr, 2, ptr, 2, 0.0, ptr, 2)
-    with pytest.raises(UnsupportedError, match="float64"):
-        be.batched_gemm("N", "N", 1, 1, 1, 1.0, ptr, 1, 1, ptr, 1, 1, 0.0, ptr, 1, 1, 2, dtype="float64")
-    be.free(ptr)
-
-
-def test_gemm_interior_pointers_and_overlap(be: Any) -> None:
-    rng = np.random.default_rng(7)
-    m = n = k = 9
-    a = rng.standard_normal((m, k)).astype(F32)
-    b = rng.standard_normal((k, n)).astype(F32)
-    # A, B, C packed in one allocation at odd float offsets; then C overlaps A.
-    blob = np.concatenate(
-        [np.zeros(3, F32), colmajor(a, m), np.zeros(5, F32), colmajor(b, k), np.zeros(m * n, F32)]
-    )
-    base = put(be, blob)
-    pa, pb = base + 3 * 4, base + (3 + m * k + 5) * 4
-    pc = pb + k * n * 4
-    be.gemm("N", "N", m, n, k, 1.0, pa, m, pb, k, 0.0, pc, m, dtype="float32")
-    got = from_colmajor(get(be, base, blob.shape)[3 + m * k + 5 + k * n :], m, n, m)
-    np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
-    # In-place: C is A (square), beta = 1 -> C = A @ B + A.
-    be.gemm("N", "N", m, n, k, 1.0, pa, m, pb, k, 1.0, pa, m, dtype="float32")
-    got = from_colmajor(get(be, base, blob.shape)[3 : 3 + m * k], m, k, m)
-    np.testing.assert_allclose(got, a.astype(np.float64) @ b + a, rtol=1e-5, atol=1e-5)
-    with pytest.raises(InvalidArgumentError, match="aligned"):
-        be.gemm("N", "N", 1, 1, 1, 1.0, base + 1, 1, base, 1, 0.0, base + 8, 1, dtype="float32")
-    be.free(base)
-
-
-@pytest.mark.parametrize("ta,tb", [("N", "N"), ("T", "N"), ("N", "T")])
-def test_batched_gemm(be: Any, ta: str, tb: str) -> None:
-    rng = np.random.default_rng(11)
-    m, n, k, count = 17, 9, 33, 5
-    a_rows, a_cols = (m, k) if ta == "N" else (k, m)
-    b_rows, b_cols = (k, n) if tb == "N" else (n, k)
-    lda, ldb, ldc = a_rows + 1, b_rows, m + 2
-    sa, sb, sc = lda * a_cols + 3, ldb * b_cols, ldc * n + 7
-    a = rng.standard_normal((count, a_rows, a_cols)).astype(F32)
-    b = rng.standard_normal((count, b_rows, b_cols)).astype(F32)
-    c = rng.standard_normal((count, m, n)).astype(F32)
-
-    def pack(mats: Array, ld: int, stride: int) -> Array:
-        flat = np.full(stride * count, -7.0, dtype=F32)
-        for i, mat in enumerate(mats):
-            col = colmajor(mat, ld, fill=-7.0)
-            flat[i * stride : i * stride + col.size] = col
-        return flat
-
-    c_flat = pack(c, ldc, sc)
-    pa, pb, pc = put(be, pack(a, lda, sa)), put(be, pack(b, ldb, sb)), put(be, c_flat)
-    be.batched_gemm(ta, tb, m, n, k, 0.5, pa, lda, sa, pb, ldb, sb, 2.0, pc, ldc, sc, count)
-    got = get(be, pc, c_flat.shape)
-    for i in range(count):
-        op_a = a[i] if ta == "N" else a[i].T
-        op_b = b[i] if tb == "N" else b[i].T
-        want = 0.5 * np.einsum("ik,kj->ij", op_a.astype(np.float64), op_b) + 2.0 * c[i]
-        np.testing.assert_allclose(from_colmajor(got[i * sc :], m, n, ldc), want, rtol=1e-5, atol=1e-4)
-        np.testing.assert_array_equal(got[i * sc + ldc * (n - 1) + m : (i + 1) * sc], -7.0)
-    for p in (pa, pb, pc):
-        be.free(p)
-
-
-@pytest.mark.parametrize("prec", ["f16", "bf16"])
-def test_mixed_precision_rounds_like_ml_dtypes(be: Any, prec: str) -> None:
-    narrow = np.float16 if prec == "f16" else ml_dtypes.bfloat16
-    specials = np.array(
-        [1.0, 1.0009765625, 1.00048828125, 1.000732421875, 65504, 65519.99, 65520, 1e-7, 2.9802322e-08,
-         5.96e-8, 8.9e-8, -1e-5, 3.14159, np.inf, -np.inf, np.nan, 1.00390625, 1.001953125, 3.4e38, -0.0],
-        dtype=F32,
-    )  # fmt: skip
-    n = specials.size
-    pa, one, pc = put(be, specials), put(be, np.ones(1, F32)), be.alloc(4 * n)
-    # C (n x 1) = A (n x 1) @ [1]: each output is one rounded element of A.
-    be.gemm_mixed_precision(prec, "N", "N", n, 1, 1, 1.0, pa, n, one, 1, 0.0, pc, n)
-    with np.errstate(over="ignore"):
-        want = specials.astype(narrow).astype(F32)
-    np.testing.assert_array_equal(get(be, pc, n), want)
-    for p in (pa, one, pc):
-        be.free(p)
-    rng = np.random.default_rng(3)
-    for m, nn, k in ((31, 23, 40), (70, 40, 40)):  # the small-matrix and the tiled kernel
-        a = (rng.standard_normal((m, k)) * 4).astype(F32)
-        b = (rng.standard_normal((nn, k)) * 4).astype(F32)
-        pa2, pb2, pc2 = put(be, colmajor(a, m)), put(be, colmajor(b, nn)), be.alloc(4 * m * nn)
-        be.gemm_mixed_precision(prec, "N", "T", m, nn, k, 1.0, pa2, m, pb2, nn, 0.0, pc2, m)
-        want2 = a.astype(narrow).astype(np.float64) @ b.astype(narrow).astype(np.float64).T
-        np.testing.assert_allclose(from_colmajor(get(be, pc2, m * nn), m, nn, m), want2, rtol=1e-5, atol=1e-4)
-        for p in (pa2, pb2, pc2):
-            be.free(p)
-
-
-# ---------------------------------------------------------------------- convolution
-
-
-def conv_reference(x: Array, f: Array, stride: tuple[int, int], pad: tuple[int, int]) -> Array:
-    n, c, h, w = x.shape
-    k, _, fh, fw = f.shape
-    xp = np.zeros((n, c, h + 2 * pad[0], w + 2 * pad[1]))
-    xp[:, :, pad[0] : pad[0] + h, pad[1] : pad[1] + w] = x
-    oh = (h + 2 * pad[0] - fh) // stride[0] + 1
-    ow = (w + 2 * pad[1] - fw) // stride[1] + 1
-    y = np.zeros((n, k, oh, ow))
-    for i in range(oh):
-        for j in range(ow):
-            patch = xp[:, :, i * stride[0] : i * stride[0] + fh, j * stride[1] : j * stride[1] + fw]
-            y[:, :, i, j] = np.einsum("ncrs,kcrs->nk", patch, f)
-    return y
-
-
-CONV_CASES = [
-    ((2, 3, 7, 6), (4, 3, 3, 3), (1, 1), (1, 1)),
-    ((1, 2, 9, 8), (3, 2, 2, 3), (2, 3), (0, 2)),
-    ((2, 3, 5, 5), (2, 3, 5, 5), (2, 2), (2, 2)),
-    ((1, 1, 6, 6), (1, 1, 1, 1), (3, 3), (0, 0)),
-]
-
-
-@pytest.mark.parametrize("xs,fs,stride,pad", CONV_CASES)
-def test_conv2d_forward_and_gradients(be: Any, xs: Any, fs: Any, stride: Any, pad: Any) -> None:
-    rng = np.random.default_rng(sum(xs) + sum(fs))
-    x = rng.standard_normal(xs).astype(F32)
-    f = rng.standard_normal(fs).astype(F32)
-    y_want = conv_reference(x.astype(np.float64), f.astype(np.float64), stride, pad)
-    ys = y_want.shape
-    px, pf, py = put(be, x), put(be, f), put(be, np.full(ys, np.nan, F32))
-    be.conv2d_forward(px, xs, pf, fs, py, ys, stride, pad)
-    np.testing.assert_allclose(get(be, py, ys), y_want, rtol=1e-5, atol=1e-5)
-    # Gradients of loss = sum(y * g) by linearity: d/dx and d/df via the reference's adjoint.
-    g = rng.standard_normal(ys).astype(F32)
-    pg = put(be, g)
-    gx_want = np.zeros(xs)
-    for idx in np.ndindex(*xs):
-        e = np.zeros(xs)
-        e[idx] = 1.0
-        gx_want[idx] = np.sum(conv_reference(e, f.astype(np.float64), stride, pad) * g)
-    gf_want = np.zeros(fs)
-    for idx in np.ndindex(*fs):
-        e = np.zeros(fs)
-        e[idx] = 1.0
-        gf_want[idx] = np.sum(conv_reference(x.astype(np.float64), e, stride, pad) * g)
-    pgx, pgf = put(be, np.full(xs, np.nan, F32)), put(be, np.full(fs, np.nan, F32))
-    be.conv2d_backward_data(pg, ys, pf, fs, pgx, xs, stride, pad)
-    be.conv2d_backward_filter(px, xs, pg, ys, pgf, fs, stride, pad)
-    np.testing.assert_allclose(get(be, pgx, xs), gx_want, rtol=1e-5, atol=1e-4)
-    np.testing.assert_allclose(get(be, pgf, fs), gf_want, rtol=1e-5, atol=1e-4)
-    for p in (px, pf, py, pg, pgx, pgf):
-        be.free(p)
-
-
-def test_conv2d_rejects_bad_shapes(be: Any) -> None:
-    p = be.alloc(1024)
-    with pytest.raises(InvalidArgumentError):
-        be.conv2d_forward(p, [1, 1, 4, 4], p, [1, 2, 3, 3], p, [1, 1, 2, 2], [1, 1], [0, 0])
-    with pytest.raises(InvalidArgumentError):
-        be.conv2d_forward(p, [1, 1, 4, 4], p, [1, 1, 3, 3], p, [1, 1, 3, 3], [1, 1], [0, 0])
-    be.free(p)
-
-
-# ---------------------------------------------------------------------- attention
-
-
-def attention_reference(q: Array, k: Array, v: Array, scale: float, causal: bool) -> Array:
-    sq, skv = q.shape[2], k.shape[2]
-    scores = np.einsum("bhid,bhjd->bhij", q, k) * scale
-    if causal:
-        visible = np.arange(skv)[None, :] <= np.arange(sq)[:, None] + (skv - sq)
-        scores = np.where(visible, scores, -np.inf)
-    out = np.zeros(q.shape)
-    for idx in np.ndindex(*scores.shape[:3]):
-        row = scores[idx]
-        if np.all(np.isneginf(row)):
-            continue
-        w = np.exp(row - row.max())
-        out[idx] = (w / w.sum()) @ v[idx[0], idx[1]]
-    return out
-
-
-@pytest.mark.parametrize(
-    "dims,causal",
-    [
-        ((1, 2, 5, 7, 4), False),
-        ((2, 1, 7, 5, 3), True),  # seq_q > seq_kv: the first rows see no key
-        ((1, 1, 9, 9, 130), True),  # head_dim above one accumulator chunk
-        ((1, 2, 16, 40, 64), True),
-        ((1, 1, 1, 1, 1), False),
-    ],
-)
-def test_attention(be: Any, dims: tuple[int, ...], causal: bool) -> None:
-    b, h, sq, skv, d = dims
-    rng = np.random.default_rng(sq * 100 + skv)
-    q = rng.standard_normal((b, h, sq, d)).astype(F32)
-    k = rng.standard_normal((b, h, skv, d)).astype(F32)
-    v = rng.standard_normal((b, h, skv, d)).astype(F32)
-    scale = 1.0 / np.sqrt(d)
-    pq, pk, pv, po = put(be, q), put(be, k), put(be, v), put(be, np.full(q.shape, np.nan, F32))
-    be.attention(pq, pk, pv, po, b, h, sq, skv, d, scale, causal)
-    want = attention_reference(
-        q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), scale, causal
-    )
-    np.testing.assert_allclose(get(be, po, q.shape), want, rtol=1e-5, atol=1e-5)
-    # Output aliasing the query: same result.
-    be.attention(pq, pk, pv, pq, b, h, sq, skv, d, scale, causal)
-    np.testing.assert_allclose(get(be, pq, q.shape), want, rtol=1e-5, atol=1e-5)
-    for p in (pq, pk, pv, po):
-        be.free(p)
-
-
-# ---------------------------------------------------------------------- reduce / softmax
-
-
-def special_tensor(shape: tuple[int, ...]) -> Array:
-    rng = np.random.default_rng(int(np.prod(shape)))
-    x = rng.standard_normal(shape).astype(F32)
-    flat = x.reshape(-1)
-    flat[3] = np.nan
-    flat[7] = np.inf
-    flat[11] = -np.inf
-    return x
-
-
-def np_reduce(op: str, x: Array, axis: int) -> Array:
-    x64 = x.astype(np.float64)
-    if op == "sum":
-        return np.asarray(x64.sum(axis=axis))
-    if op == "mean":
-        return np.asarray(x64.mean(axis=axis) if x.shape[axis] else x64.sum(axis=axis))
-    fold = np.fmax if op == "max" else np.fmin
-    return np.asarray(fold.reduce(x64, axis=axis, initial=-np.inf if op == "max" else np.inf))
-
-
-@pytest.mark.parametrize(
-    "shape,axis",
-    [
-        ((3, 300, 5), 1),
-        ((3, 300, 5), 0),
-        ((3, 300, 5), 2),
-        ((4500,), 0),
-        ((2, 0, 3), 1),
-        ((6, 1024), 1),
-        ((3, 70001), 1),  # few long slices: split across workgroups in two passes
-        ((70001, 2), 0),
-    ],
-)
-@pytest.mark.parametrize("op", ["sum", "max", "min", "mean"])
-def test_reduce(be: Any, shape: tuple[int, ...], axis: int, op: str) -> None:
-    x = special_tensor(shape) if np.prod(shape) > 12 else np.zeros(shape, F32)
-    out_shape = shape[:axis] + shape[axis + 1 :]
-    px, po = put(be, x), be.alloc(4 * max(1, int(np.prod(out_shape))))
-    be.reduce(op, px, po, list(shape), axis)
-    with np.errstate(invalid="ignore"):
-        want = np_reduce(op, x, axis)
-    np.testing.assert_allclose(get(be, po, out_shape), want, rtol=1e-5, atol=1e-4, equal_nan=True)
-    be.free(px)
-    be.free(po)
-
-
-def test_reduce_nan_semantics(be: Any) -> None:
-    x = np.array([[np.nan, np.nan], [np.nan, 1.0], [-np.inf, -np.inf]], dtype=F32)
-    px, po = put(be, x), be.alloc(12)
-    for op, want in (("max", [-np.inf, 1.0, -np.inf]), ("min", [np.inf, 1.0, -np.inf])):
-        be.reduce(op, px, po, [3, 2], 1)
-        np.testing.assert_array_equal(get(be, po, 3), want)
-    be.free(px)
-    be.free(po)
-
-
-@pytest.mark.parametrize("shape,axis", [((3, 300, 5), 1), ((5, 7), 0), ((2, 2048), 1), ((4, 6), 1)])
-def test_softmax(be: Any, shape: tuple[int, ...], axis: int) -> None:
-    rng = np.random.default_rng(len(shape) + axis)
-    x = rng.standard_normal(shape).astype(F32) * 5
-    px, po = put(be, x), put(be, np.full(shape, 9.0, F32))
-    be.softmax(px, po, list(shape), axis)
-    x64 = x.astype(np.float64)
-    e = np.exp(x64 - x64.max(axis=axis, keepdims=True))
-    np.testing.assert_allclose(get(be, po, shape), e / e.sum(axis=axis, keepdims=True), rtol=1e-5, atol=1e-6)
-    be.softmax(px, px, list(shape), axis)  # in place
-    np.testing.assert_allclose(get(be, px, shape), e / e.sum(axis=axis, keepdims=True), rtol=1e-5, atol=1e-6)
-    be.free(px)
-    be.free(po)
-
-
-@pytest.mark.parametrize("length", [4, 600])
-def test_softmax_special_slices(be: Any, length: int) -> None:
-    x = np.zeros((4, length), dtype=F32)
-    x[0] = -np.inf  # all -inf -> NaN
-    x[1, 1] = np.nan  # a NaN poisons its slice
-    x[2, 2] = np.inf  # +inf: inf - inf -> NaN
-    x[3, 1:] = -np.inf  # one finite value -> [1, 0, 0, 0]
-    px, po = put(be, x), be.alloc(x.nbytes)
-    be.softmax(px, po, list(x.shape), 1)
-    got = get(be, po, x.shape)
-    assert np.all(np.isnan(got[:3]))
-    want = np.zeros(length)
-    want[0] = 1.0
-    np.testing.assert_array_equal(got[3], want)
-    be.free(px)
-    be.free(po)
-
-
-# ---------------------------------------------------------------------- element-wise
-
-SPECIALS = np.array([0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 100.0, -100.0, 1e-20, 20.0, -20.0, 88.8,
-                     89.0, -104.0, 0.5, 3e38], dtype=F32)  # fmt: skip
-OTHERS = np.array([0.0, 0.0, 2.0, np.nan, np.inf, 1.0, np.nan, -np.inf, 3.0, 0.0, -0.0, 5.0, np.inf, 1.0, 2.0,
-                   -0.5, 3e38], dtype=F32)  # fmt: skip
-
-
-def np_unary(op: str, x: Array) -> Array:
-    x64 = x.astype(np.float64)
-    with np.errstate(all="ignore"):
-        table = {
-            "relu": np.fmax(x64, 0.0),
-            "sigmoid": 1.0 / (1.0 + np.exp(-x64)),
-            "tanh": np.tanh(x64),
-            "exp": np.exp(x64),
-            "log": np.log(x64),
-            "sqrt": np.sqrt(x64),
-            "abs": np.abs(x64),
-            "neg": -x64,
-        }
-        return table[op].astype(F32)
-
-
-@pytest.mark.parametrize("op", ["relu", "sigmoid", "tanh", "exp", "log", "sqrt", "abs", "neg"])
-def test_unary(be: Any, op: str) -> None:
-    rng = np.random.default_rng(5)
-    x = np.concatenate([SPECIALS, rng.uniform(-8, 8, 500).astype(F32)])
-    px, po = put(be, x), be.alloc(x.nbytes)
-    be.unary(op, px, po, x.size)
-    want = np_unary(op, x)
-    got = get(be, po, x.shape)
-    np.testing.assert_allclose(got, want, rtol=4e-6, atol=1e-30, equal_nan=True)
-    be.unary(op.upper(), px, px, x.size)  # in place, upper-case name
-    np.testing.assert_array_equal(get(be, px, x.shape), got)
-    be.free(px)
-    be.free(po)
-
-
-@pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "max", "min"])
-def test_binary(be: Any, op: str) -> None:
-    a, b = SPECIALS, OTHERS
-    pa, pb, po = put(be, a), put(be, b), be.alloc(a.nbytes)
-    be.binary(op, pa, pb, po, a.size)
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    with np.errstate(all="ignore"):
-        want = {
-            "add": a64 + b64,
-            "sub": a64 - b64,
-            "mul": a64 * b64,
-            "div": a64 / b64,
-            "max": np.fmax(a64, b64),
-            "min": np.fmin(a64, b64),
-        }[op].astype(F32)
-    np.testing.assert_allclose(get(be, po, a.shape), want, rtol=1e-6, equal_nan=True)
-    be.binary(op, pa, pb, pa, a.size)  # output aliases a
-    np.testing.assert_allclose(get(be, pa, a.shape), want, rtol=1e-6, equal_nan=True)
-    for p in (pa, pb, po):
-        be.free(p)
-
-
-def test_elementwise_partial_overlap(be: Any) -> None:
-    x = np.arange(64, dtype=F32)
-    px = put(be, x)
-    be.unary("neg", px, px + 4 * 8, 32)  # output starts 8 floats after the input
-    got = get(be, px, 64)
+def test_vec4_and_scalar_paths_and_overlap(be: Any) -> None:
+    """Aligned operands run four floats an invocation, misaligned ones the scalar kernel."""
+    x = np.linspace(-3, 3, 67, dtype=F32)
+    px, po = put(be, x), be.alloc(4 * 67)
+    be.binary("mul", px + 4, px + 8, po + 12, 60)  # element offsets 1, 2, 3: scalar
+    np.testing.assert_allclose(get(be, po, 67)[3:63], x[1:61] * x[2:62], rtol=1e-6)
+    be.binary("mul", px, px, po, 67)  # vec4 body and a scalar tail of 3
+    np.testing.assert_allclose(get(be, po, 67), x * x, rtol=1e-6)
+    be.unary("neg", px, px + 4 * 8, 32)  # output 8 floats after the input: copied aside first
     want = x.copy()
     want[8:40] = -x[:32]
-    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(get(be, px, 67), want)
     be.free(px)
+    be.free(po)
 
 
 def test_large_problem_uses_a_2d_grid(be: Any) -> None:
@@ -839,9 +443,29 @@ def test_large_problem_uses_a_2d_grid(be: Any) -> None:
     x = np.linspace(-1, 1, n, dtype=F32)
     px = put(be, x)
     be.unary("abs", px, px, n)
-    got = get(be, px, n)
-    np.testing.assert_array_equal(got, np.abs(x))
+    np.testing.assert_array_equal(get(be, px, n), np.abs(x))
     be.free(px)
+
+
+def test_batched_gemm_beyond_one_grid_dimension(be: Any) -> None:
+    count = 65535 + 7  # more batches than one dispatch's grid.z
+    a = np.arange(count, dtype=F32) % 13
+    b = np.full(count, 2.0, dtype=F32)
+    pa, pb, pc = put(be, a), put(be, b), put(be, np.ones(count, F32))
+    be.batched_gemm("N", "N", 1, 1, 1, 1.0, pa, 1, 1, pb, 1, 1, 1.0, pc, 1, 1, count)
+    np.testing.assert_array_equal(get(be, pc, count), 2.0 * a + 1.0)
+    for p in (pa, pb, pc):
+        be.free(p)
+
+
+def test_reduce_many_long_slices(be: Any) -> None:
+    shape = (70000, 260)  # more slices than one grid dimension, each long enough for a workgroup
+    x = np.random.default_rng(2).standard_normal(shape).astype(F32)
+    px, po = put(be, x), be.alloc(4 * shape[0])
+    be.reduce("max", px, po, list(shape), 1)
+    np.testing.assert_array_equal(get(be, po, shape[0]), x.max(axis=1))
+    be.free(px)
+    be.free(po)
 
 
 # ---------------------------------------------------------------------- gather / scatter
@@ -922,8 +546,6 @@ def test_operands_freed_by_another_thread_during_recorded_work(be: Any) -> None:
     them at random moments: every call either completes with the right value or raises
     InvalidArgumentError (the pointer was already freed); nothing else escapes.
     """
-    import random
-    import time
 
     errors: list[BaseException] = []
     deadline = time.monotonic() + 1.5
@@ -963,112 +585,11 @@ def test_operands_freed_by_another_thread_during_recorded_work(be: Any) -> None:
     assert not errors, errors
 
 
-# ---------------------------------------------------------------------- engineering
-
-
-def test_pipelines_are_compiled_once(be: Any) -> None:
-    px = put(be, np.ones(256, F32))
-    for _ in range(3):
-        be.unary("exp", px, px, 256)
-        be.binary("add", px, px, px, 256)
-        be.reduce("sum", px, px, [16, 16], 1)
-    compiled = be._gpu.programs.compiled()
-    for op in ("relu", "tanh", "neg"):
-        be.unary(op, px, px, 100)
-    be.binary("mul", px, px, px, 17)
-    be.reduce("max", px, px, [8, 16], 1)
-    assert be._gpu.programs.compiled() == compiled
-    be.free(px)
-
-
-def test_binding_limit_is_reported(be: Any) -> None:
-    px = be.alloc(4096)
-    saved = be._gpu.max_binding
-    be._gpu.max_binding = 1024
-    try:
-        with pytest.raises(UnsupportedError, match="maxStorageBufferBindingSize"):
-            be.unary("abs", px, px, 1024)
-    finally:
-        be._gpu.max_binding = saved
-    be.free(px)
-
-
-def test_only_backend_errors_escape(be: Any) -> None:
-    calls: list[Callable[[], object]] = [
-        lambda: be.gemm("X", "N", 1, 1, 1, 1.0, 1, 1, 1, 1, 0.0, 1, 1, dtype="float32"),
-        lambda: be.unary("nope", 1, 1, 1),
-        lambda: be.reduce("sum", 1, 1, "abc", 0),
-        lambda: be.attention(1, 1, 1, 1, 1, 1, 1, 1, 1, float("nan"), False),
-        lambda: be.copy_htod(12345, object()),
-        lambda: be.gather(1, [1.5], 1, 1, 1),
-        lambda: be.alloc(2**70),
-        lambda: be.alloc(be._gpu.max_buffer + 4),
-    ]
-    for call in calls:
-        with pytest.raises(BackendError):
-            call()
-
-
-def test_threads_share_the_backend(be: Any) -> None:
-    errors: list[BaseException] = []
-
-    def work(seed: int) -> None:
-        try:
-            x = np.random.default_rng(seed).standard_normal(1000).astype(F32)
-            px = put(be, x)
-            for _ in range(20):
-                be.unary("neg", px, px, 1000)
-            np.testing.assert_array_equal(get(be, px, 1000), x)
-            be.free(px)
-        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
-
-
-def test_unaligned_element_offsets_use_the_scalar_path(be: Any) -> None:
-    x = np.linspace(-3, 3, 67, dtype=F32)
-    px, po = put(be, x), be.alloc(4 * 67)
-    be.binary("mul", px + 4, px + 8, po + 12, 60)  # element offsets 1, 2, 3
-    got = get(be, po, 67)
-    np.testing.assert_allclose(got[3:63], x[1:61] * x[2:62], rtol=1e-6)
-    be.free(px)
-    be.free(po)
-
-
-def test_batched_gemm_beyond_one_grid_dimension(be: Any) -> None:
-    count = 65535 + 7  # more batches than one dispatch's grid.z
-    a = np.arange(count, dtype=F32) % 13
-    b = np.full(count, 2.0, dtype=F32)
-    pa, pb, pc = put(be, a), put(be, b), put(be, np.ones(count, F32))
-    be.batched_gemm("N", "N", 1, 1, 1, 1.0, pa, 1, 1, pb, 1, 1, 1.0, pc, 1, 1, count)
-    np.testing.assert_array_equal(get(be, pc, count), 2.0 * a + 1.0)
-    for p in (pa, pb, pc):
-        be.free(p)
-
-
-def test_reduce_many_long_slices(be: Any) -> None:
-    shape = (70000, 260)  # more slices than one grid dimension, each long enough for a workgroup
-    x = np.random.default_rng(2).standard_normal(shape).astype(F32)
-    px, po = put(be, x), be.alloc(4 * shape[0])
-    be.reduce("max", px, po, list(shape), 1)
-    np.testing.assert_array_equal(get(be, po, shape[0]), x.max(axis=1))
-    be.reduce("sum", px, po, list(shape), 1)
-    np.testing.assert_allclose(get(be, po, shape[0]), x.astype(np.float64).sum(axis=1), rtol=1e-5, atol=1e-4)
-    be.free(px)
-    be.free(po)
-
-
 # ---------------------------------------------------------------------- llvmpipe's loop budget
 #
 # lavapipe stops every shader loop after 65535 iterations per invocation; the backend cuts
-# such work into several dispatches / passes. The sizes below exceeded that budget in one
-# invocation (they used to raise UnsupportedError there) and must now compute.
+# such work into several dispatches / passes. The sizes below exceed that budget in one
+# invocation and must compute; ``tight`` runs the same splits at small sizes.
 
 
 def conv_references(
@@ -1191,132 +712,15 @@ def test_conv2d_past_the_loop_budget(be: Any, xs: Any, fs: Any, stride: Any, pad
     check_conv(be, xs, fs, stride, pad)
 
 
-@pytest.mark.parametrize(
-    "dims,causal",
-    [
-        # The benchmark's problem (refused on lavapipe before the key loop was split).
-        ((1, 8, 1024, 1024, 64), False),
-        ((1, 8, 1024, 1024, 64), True),
-        # 2048 keys x 64 dims exceed lavapipe's budget in one invocation even four columns
-        # an iteration: the keys run in consecutive dispatches (bottom-right causal mask).
-        ((1, 2, 256, 2048, 64), True),
-        ((1, 2, 256, 2048, 64), False),
-    ],
-)
-def test_attention_past_the_loop_budget(be: Any, dims: tuple[int, ...], causal: bool) -> None:
-    b, h, sq, skv, d = dims
-    rng = np.random.default_rng(7)
-    q = rng.standard_normal((b, h, sq, d)).astype(F32)
-    k, v = (rng.standard_normal((b, h, skv, d)).astype(F32) for _ in range(2))
-    scale = 1.0 / np.sqrt(d)
-    pq, pk, pv, po = put(be, q), put(be, k), put(be, v), put(be, np.full(q.shape, np.nan, F32))
-    be.attention(pq, pk, pv, po, b, h, sq, skv, d, scale, causal)
-    want = attention_reference(
-        q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), scale, causal
-    )
-    np.testing.assert_allclose(get(be, po, q.shape), want, rtol=1e-5, atol=1e-5)
-    for p in (pq, pk, pv, po):
-        be.free(p)
+CONV_CASES = [
+    ((2, 3, 7, 6), (4, 3, 3, 3), (1, 1), (1, 1)),
+    ((1, 2, 9, 8), (3, 2, 2, 3), (2, 3), (0, 2)),
+    ((2, 3, 5, 5), (2, 3, 5, 5), (2, 2), (2, 2)),
+    ((2, 40, 6, 7), (30, 40, 3, 3), (1, 2), (1, 1)),
+]
 
 
-@pytest.mark.parametrize("dims", [(1, 2, 37, 700, 200), (2, 1, 900, 600, 130), (1, 1, 3, 5000, 16)])
-def test_attention_long_keys_and_wide_heads(be: Any, dims: tuple[int, ...]) -> None:
-    b, h, sq, skv, d = dims
-    rng = np.random.default_rng(sq + skv + d)
-    q = rng.standard_normal((b, h, sq, d)).astype(F32)
-    k = rng.standard_normal((b, h, skv, d)).astype(F32)
-    v = rng.standard_normal((b, h, skv, d)).astype(F32)
-    q[0, 0, 1, 0] = np.nan  # a NaN query poisons its row only
-    scale = 1.0 / np.sqrt(d)
-    pq, pk, pv = put(be, q), put(be, k), put(be, v)
-    for causal in (False, True):
-        po = put(be, np.full(q.shape, 5.0, F32))
-        be.attention(pq, pk, pv, po, b, h, sq, skv, d, scale, causal)
-        got = get(be, po, q.shape)
-        with np.errstate(invalid="ignore"):
-            want = attention_reference(
-                q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), scale, causal
-            )
-        # NaN exactly where the reference has it (row 1 sees no key in some causal cases: 0).
-        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-        got[0, 0, 1] = want[0, 0, 1] = 0.0
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-        be.free(po)
-    for p in (pq, pk, pv):
-        be.free(p)
-
-
-def test_softmax_of_a_2_pow_23_slice(be: Any) -> None:
-    n = 1 << 23
-    x = (np.random.default_rng(23).standard_normal(n) * 8).astype(F32)
-    px, po = put(be, x), be.alloc(x.nbytes)
-    be.softmax(px, po, [n], 0)
-    x64 = x.astype(np.float64)
-    e = np.exp(x64 - x64.max())
-    np.testing.assert_allclose(get(be, po, n), e / e.sum(), rtol=1e-5, atol=1e-12)
-    be.softmax(px, px, [n], 0)  # in place
-    np.testing.assert_allclose(get(be, px, n), e / e.sum(), rtol=1e-5, atol=1e-12)
-    be.free(px)
-    be.free(po)
-
-
-@pytest.mark.parametrize("shape,axis", [((3, 1 << 20), 1), ((1 << 19, 3), 0), ((2, 100001, 2), 1)])
-def test_softmax_long_slices(be: Any, shape: tuple[int, ...], axis: int) -> None:
-    x = (np.random.default_rng(len(shape) + axis).standard_normal(shape) * 5).astype(F32)
-    px, po = put(be, x), be.alloc(x.nbytes)
-    be.softmax(px, po, list(shape), axis)
-    x64 = x.astype(np.float64)
-    e = np.exp(x64 - x64.max(axis=axis, keepdims=True))
-    np.testing.assert_allclose(get(be, po, shape), e / e.sum(axis=axis, keepdims=True), rtol=1e-5, atol=1e-12)
-    be.free(px)
-    be.free(po)
-
-
-def test_softmax_special_long_slices(be: Any) -> None:
-    length = 100_000
-    x = np.zeros((4, length), dtype=F32)
-    x[0] = -np.inf  # all -inf -> NaN
-    x[1, 50_000] = np.nan  # a NaN in one chunk poisons the whole slice
-    x[2, 90_000] = np.inf  # +inf: inf - inf -> NaN
-    x[3, :-1] = -np.inf  # one finite value (in the last chunk) -> [0, ..., 0, 1]
-    px, po = put(be, x), be.alloc(x.nbytes)
-    be.softmax(px, po, list(x.shape), 1)
-    got = get(be, po, x.shape)
-    assert np.all(np.isnan(got[:3]))
-    want = np.zeros(length)
-    want[-1] = 1.0
-    np.testing.assert_array_equal(got[3], want)
-    be.free(px)
-    be.free(po)
-
-
-@pytest.mark.parametrize("shape,axis", [((1 << 23,), 0), ((3, 1 << 21), 1), ((1 << 20, 2), 0)])
-@pytest.mark.parametrize("op", ["sum", "max", "min", "mean"])
-def test_reduce_long_slices(be: Any, shape: tuple[int, ...], axis: int, op: str) -> None:
-    x = np.random.default_rng(len(shape) + axis).standard_normal(shape).astype(F32)
-    x.reshape(-1)[12345] = np.nan  # ignored by max / min, poisons sum / mean
-    px = put(be, x)
-    want = np_reduce(op, x, axis).reshape(-1)
-    po = be.alloc(4 * want.size)
-    be.reduce(op, px, po, list(shape), axis)
-    np.testing.assert_allclose(get(be, po, want.size), want, rtol=1e-5, atol=1e-6)
-    be.free(px)
-    be.free(po)
-
-
-@pytest.fixture()
-def tight(be: Any) -> Iterator[Any]:
-    """A backend that splits work as llvmpipe does, but against a far smaller loop budget."""
-    from computehal.backends.wgpu import WgpuBackend
-
-    backend = WgpuBackend()
-    backend.init()
-    backend._gpu.loop_budget = 2000  # noqa: SLF001 - exercise the split paths at small sizes
-    yield backend
-    backend.close()
-
-
-@pytest.mark.parametrize("xs,fs,stride,pad", CONV_CASES + [((2, 40, 6, 7), (30, 40, 3, 3), (1, 2), (1, 1))])
+@pytest.mark.parametrize("xs,fs,stride,pad", CONV_CASES)
 def test_conv2d_split_at_a_small_budget(tight: Any, xs: Any, fs: Any, stride: Any, pad: Any) -> None:
     check_conv(tight, xs, fs, stride, pad)
     check_conv(tight, (3, 2, 40, 45), (2, 2, 3, 2), (2, 1), (1, 0))  # one image, bands of rows
@@ -1355,24 +759,6 @@ def test_pool2d_large_windows_split_rows(tight: Any, op: str) -> None:
     tight.free(px)
 
 
-@pytest.mark.parametrize("dims", [(1, 2, 5, 7, 4), (2, 1, 7, 5, 3), (1, 1, 9, 40, 130), (1, 2, 16, 40, 64)])
-@pytest.mark.parametrize("causal", [False, True])
-def test_attention_split_at_a_small_budget(tight: Any, dims: tuple[int, ...], causal: bool) -> None:
-    b, h, sq, skv, d = dims
-    rng = np.random.default_rng(sq * 100 + skv)
-    q, k, v = (
-        rng.standard_normal(shape).astype(F32) for shape in [(b, h, sq, d), (b, h, skv, d), (b, h, skv, d)]
-    )
-    pq, pk, pv, po = put(tight, q), put(tight, k), put(tight, v), put(tight, np.full(q.shape, np.nan, F32))
-    tight.attention(pq, pk, pv, po, b, h, sq, skv, d, 0.3, causal)
-    want = attention_reference(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), 0.3, causal)
-    np.testing.assert_allclose(get(tight, po, q.shape), want, rtol=1e-5, atol=1e-5)
-    tight.attention(pq, pk, pv, pq, b, h, sq, skv, d, 0.3, causal)  # output aliasing the query
-    np.testing.assert_allclose(get(tight, pq, q.shape), want, rtol=1e-5, atol=1e-5)
-    for p in (pq, pk, pv, po):
-        tight.free(p)
-
-
 def masked_attention_reference(
     q: Array, k: Array, v: Array, scale: float, causal: bool, mask: Array | None
 ) -> Array:
@@ -1393,6 +779,44 @@ def masked_attention_reference(
         out = np.einsum("bhij,bhjd->bhid", w / np.maximum(w.sum(-1, keepdims=True), 1e-300), v)
         bad = (vis & ~np.isfinite(s)).any(-1)[..., None]
     return np.where(bad, np.nan, np.where(vis.any(-1)[..., None], out, 0.0))
+
+
+@pytest.mark.parametrize("dims", [(1, 2, 256, 2048, 64), (1, 2, 37, 700, 200), (1, 1, 3, 5000, 16)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_past_the_loop_budget(be: Any, dims: tuple[int, ...], causal: bool) -> None:
+    """Keys (and wide heads' column chunks) in consecutive dispatches; a NaN query row stays NaN."""
+    b, h, sq, skv, d = dims
+    rng = np.random.default_rng(sq + skv + d)
+    q = rng.standard_normal((b, h, sq, d)).astype(F32)
+    k, v = (rng.standard_normal((b, h, skv, d)).astype(F32) for _ in range(2))
+    q[0, 0, 1, 0] = np.nan
+    scale = 1.0 / np.sqrt(d)
+    pq, pk, pv, po = put(be, q), put(be, k), put(be, v), put(be, np.full(q.shape, 5.0, F32))
+    be.attention(pq, pk, pv, po, b, h, sq, skv, d, scale, causal)
+    want = masked_attention_reference(*(t.astype(np.float64) for t in (q, k, v)), scale, causal, None)
+    got = get(be, po, q.shape)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(np.nan_to_num(got), np.nan_to_num(want), rtol=1e-5, atol=1e-5)
+    for p in (pq, pk, pv, po):
+        be.free(p)
+
+
+@pytest.mark.parametrize("dims", [(1, 2, 5, 7, 4), (2, 1, 7, 5, 3), (1, 1, 9, 40, 130), (1, 2, 16, 40, 64)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_split_at_a_small_budget(tight: Any, dims: tuple[int, ...], causal: bool) -> None:
+    b, h, sq, skv, d = dims
+    rng = np.random.default_rng(sq * 100 + skv)
+    q, k, v = (
+        rng.standard_normal(shape).astype(F32) for shape in [(b, h, sq, d), (b, h, skv, d), (b, h, skv, d)]
+    )
+    pq, pk, pv, po = put(tight, q), put(tight, k), put(tight, v), put(tight, np.full(q.shape, np.nan, F32))
+    tight.attention(pq, pk, pv, po, b, h, sq, skv, d, 0.3, causal)
+    want = masked_attention_reference(*(t.astype(np.float64) for t in (q, k, v)), 0.3, causal, None)
+    np.testing.assert_allclose(get(tight, po, q.shape), want, rtol=1e-5, atol=1e-5)
+    tight.attention(pq, pk, pv, pq, b, h, sq, skv, d, 0.3, causal)  # output aliasing the query
+    np.testing.assert_allclose(get(tight, pq, q.shape), want, rtol=1e-5, atol=1e-5)
+    for p in (pq, pk, pv, po):
+        tight.free(p)
 
 
 @pytest.mark.parametrize(
@@ -1447,8 +871,61 @@ def test_attention_mask_and_grouped_heads(
             backend.free(p)
 
 
+@pytest.mark.parametrize("shape,axis", [((3, 1 << 17), 1), ((1 << 17, 3), 0), ((2, 100001, 2), 1)])
+def test_softmax_long_slices(be: Any, shape: tuple[int, ...], axis: int) -> None:
+    x = (np.random.default_rng(len(shape) + axis).standard_normal(shape) * 5).astype(F32)
+    px, po = put(be, x), be.alloc(x.nbytes)
+    x64 = x.astype(np.float64)
+    shifted = x64 - x64.max(axis=axis, keepdims=True)
+    total = np.exp(shifted).sum(axis=axis, keepdims=True)
+    be.softmax(px, po, list(shape), axis)
+    np.testing.assert_allclose(get(be, po, shape), np.exp(shifted) / total, rtol=1e-5, atol=1e-12)
+    be.softmax(px, px, list(shape), axis, log=True)  # in place, log-softmax
+    np.testing.assert_allclose(get(be, px, shape), shifted - np.log(total), rtol=1e-5, atol=1e-5)
+    be.free(px)
+    be.free(po)
+
+
+def test_softmax_special_long_slices(be: Any) -> None:
+    length = 100_000
+    x = np.zeros((4, length), dtype=F32)
+    x[0] = -np.inf  # all -inf -> NaN
+    x[1, 50_000] = np.nan  # a NaN in one chunk poisons the whole slice
+    x[2, 90_000] = np.inf  # +inf: inf - inf -> NaN
+    x[3, :-1] = -np.inf  # one finite value (in the last chunk) -> [0, ..., 0, 1]
+    px, po = put(be, x), be.alloc(x.nbytes)
+    be.softmax(px, po, list(x.shape), 1)
+    got = get(be, po, x.shape)
+    assert np.all(np.isnan(got[:3]))
+    want = np.zeros(length)
+    want[-1] = 1.0
+    np.testing.assert_array_equal(got[3], want)
+    be.free(px)
+    be.free(po)
+
+
+@pytest.mark.parametrize("shape,axis", [((1 << 22,), 0), ((3, 1 << 18), 1), ((1 << 18, 2), 0)])
+@pytest.mark.parametrize("op", ["sum", "max", "min", "mean"])
+def test_reduce_long_slices(be: Any, shape: tuple[int, ...], axis: int, op: str) -> None:
+    x = np.random.default_rng(len(shape) + axis).standard_normal(shape).astype(F32)
+    x.reshape(-1)[12345] = np.nan  # ignored by max / min, poisons sum / mean
+    px = put(be, x)
+    x64 = x.astype(np.float64)
+    want = {
+        "sum": lambda: x64.sum(axis=axis),
+        "mean": lambda: x64.mean(axis=axis),
+        "max": lambda: np.fmax.reduce(x64, axis=axis),
+        "min": lambda: np.fmin.reduce(x64, axis=axis),
+    }[op]().reshape(-1)
+    po = be.alloc(4 * want.size)
+    be.reduce(op, px, po, list(shape), axis)
+    np.testing.assert_allclose(get(be, po, want.size), want, rtol=1e-5, atol=1e-6)
+    be.free(px)
+    be.free(po)
+
+
 def test_unsplittable_work_is_refused_on_llvmpipe(be: Any) -> None:
-    if be._gpu.loop_budget is None:  # noqa: SLF001
+    if be._gpu.loop_budget is None:
         pytest.skip("the adapter has no per-invocation loop limit")
     # A filter-gradient row of 70000 output columns cannot be cut further.
     xs, fs, ys = (1, 1, 1, 70_000), (1, 1, 1, 1), (1, 1, 1, 70_000)
