@@ -18,7 +18,7 @@ from ...dtypes import F32, F64, bfloat16
 from ._plumbing import CpuPlumbing, FloatArray
 from ._runtime import kernels, parallel_ranges
 
-__all__ = ["CastOps", "convert", "rounded_scalar"]
+__all__ = ["CastOps", "convert"]
 
 #: Elements converted per block (each block's passes stay in cache).
 CAST_BLOCK = 1 << 14
@@ -62,13 +62,6 @@ def convert(src: FloatArray, dst: FloatArray) -> None:
             np.copyto(dst, _f32_round_to_odd(src), casting="unsafe")
         else:
             np.copyto(dst, src, casting="unsafe")
-
-
-def rounded_scalar(value: float, dtype: np.dtype[Any]) -> Any:
-    """``value`` rounded once to ``dtype`` (a 0-d array)."""
-    out = np.empty((), dtype=dtype)
-    convert(np.asarray(value, dtype=F64), out)
-    return out
 
 
 class CastOps(CpuPlumbing):

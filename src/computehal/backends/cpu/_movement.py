@@ -6,6 +6,7 @@ problems split over the worker threads.
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import numpy as np
@@ -13,7 +14,7 @@ import numpy.typing as npt
 
 from ... import validation as v
 from ...errors import InvalidArgumentError
-from ._cast import rounded_scalar
+from .._common import fill_pattern
 from ._plumbing import CpuPlumbing
 from ._runtime import PARALLEL_THRESHOLD, parallel_ranges
 from ._strided import copy_layout, simplify
@@ -46,11 +47,21 @@ class MovementOps(CpuPlumbing):
         parallel_ranges(p.nbytes, run, grain=_COPY_GRAIN)
 
     def _exec_fill(self, p: v.FillProblem) -> None:
-        out = self._flat(p.region, p.dtype)[: p.count]
-        value = rounded_scalar(p.value, p.dtype)
+        pattern = fill_pattern(p.value, p.dtype)  # rounded once to the dtype, as bits
+        raw = np.frombuffer(pattern.tobytes(), dtype=np.uint8)
+        if (raw == raw[0]).all():
+            # One repeated byte (0.0, say): memset, whose streaming stores skip reading the lines.
+            byte, base = int(raw[0]), p.region.ptr
+
+            def run_bytes(start: int, stop: int) -> None:
+                ctypes.memset(base + start, byte, stop - start)
+
+            parallel_ranges(p.count * p.dtype.itemsize, run_bytes, grain=_COPY_GRAIN)
+            return
+        out = self._flat(p.region, pattern.dtype)[: p.count]
 
         def run(start: int, stop: int) -> None:
-            out[start:stop] = value
+            out[start:stop] = pattern
 
         parallel_ranges(p.count, run, grain=max(1, _COPY_GRAIN // p.dtype.itemsize))
 

@@ -1,8 +1,8 @@
 """Strided copies and broadcast views: dimension simplification and thread splitting.
 
 A strided problem (a shape and, per operand, element strides over it) is first
-simplified: dimensions of extent 1 go, and neighbours that every operand walks as one
-(``stride[i] == stride[i + 1] * shape[i + 1]``) merge. What remains is usually one to
+simplified by the shared ``collapse``: dimensions of extent 1 go, and neighbours that
+every operand walks as one merge. What remains is usually one to
 three dimensions, which NumPy iterates with long inner loops, or which the tiled kernel
 of :mod:`._kmove` copies when the copy transposes.
 """
@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .._common import collapse
 from ._plumbing import FloatArray
 from ._runtime import PARALLEL_THRESHOLD, kernels, parallel_ranges, workers
 
@@ -27,22 +28,9 @@ Layout = tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]
 
 
 def simplify(shape: Sequence[int], strides: Sequence[Sequence[int]]) -> Layout:
-    """Drop extent-1 dimensions and merge neighbours that every operand walks contiguously.
-
-    Returns ``(shape, per-operand strides)``; an empty shape means one element.
-    """
-    dims = [(e, tuple(s[i] for s in strides)) for i, e in enumerate(shape) if e != 1]
-    merged: list[tuple[int, tuple[int, ...]]] = []
-    for extent, steps in dims:
-        if merged:
-            prev_extent, prev_steps = merged[-1]
-            if all(p == q * extent for p, q in zip(prev_steps, steps, strict=True)):
-                merged[-1] = (prev_extent * extent, steps)
-                continue
-        merged.append((extent, steps))
-    out_shape = tuple(e for e, _ in merged)
-    out_strides = tuple(tuple(steps[k] for _, steps in merged) for k in range(len(strides)))
-    return out_shape, out_strides
+    """:func:`~computehal.backends._common.collapse` as tuples (at least one dimension)."""
+    dims, steps = collapse(shape, *strides)
+    return tuple(dims), tuple(tuple(s) for s in steps)
 
 
 def strided_view(flat: FloatArray, origin: int, shape: Sequence[int], strides: Sequence[int]) -> FloatArray:
