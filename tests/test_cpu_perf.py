@@ -183,3 +183,94 @@ def test_backend_takes_winograd_and_keeps_nan_semantics(cpu: CpuBackend) -> None
     finite = np.isfinite(want)
     assert np.all(np.abs(got[finite] - want[finite]) <= 2 * (16 * 9 + 2) * EPS32 * mag[finite] + 1e-30)
     assert math.isfinite(float(got[0, 0, 0, 0]))
+
+
+# --------------------------------------------------------------------------- GEMM convolutions
+
+#: (N, C, K, H, W, Fh, Fw, stride, (top, left, bottom, right), dilation)
+GEMM_SHAPES = [
+    (2, 3, 8, 23, 21, 7, 7, (2, 2), (3, 3, 3, 3), (1, 1)),  # a stem, wide rows
+    (3, 20, 12, 7, 7, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),  # small images: gathered by table
+    (2, 5, 6, 9, 11, 3, 2, (2, 1), (0, 2, 1, 0), (2, 1)),  # asymmetric, dilated, strided
+    (1, 4, 3, 40, 37, 5, 5, (3, 2), (2, 2, 2, 2), (1, 1)),
+]
+
+
+def _direct64(x: Any, f: Any, stride: Any, pads: Any, dilation: Any) -> npt.NDArray[np.float64]:
+    """Direct definition: loops over taps on the zero-padded float64 image."""
+    n, c, h, w = x.shape
+    k, _, fh, fw = f.shape
+    xp = _padded64(x, pads)
+    oh = (h + pads[0] + pads[2] - dilation[0] * (fh - 1) - 1) // stride[0] + 1
+    ow = (w + pads[1] + pads[3] - dilation[1] * (fw - 1) - 1) // stride[1] + 1
+    out = np.zeros((n, k, oh, ow))
+    for r in range(fh):
+        for s in range(fw):
+            r0, s0 = r * dilation[0], s * dilation[1]
+            win = xp[
+                :,
+                :,
+                r0 : r0 + stride[0] * (oh - 1) + 1 : stride[0],
+                s0 : s0 + stride[1] * (ow - 1) + 1 : stride[1],
+            ]
+            out += np.einsum("kc,nchw->nkhw", f[:, :, r, s].astype(np.float64), win)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", GEMM_SHAPES, ids=str)
+def test_im2col_forward_matches_direct_definition(shape: tuple[Any, ...], dtype: Any) -> None:
+    from computehal.backends.cpu._conv_gemm import im2col_forward
+
+    n, c, k, h, w, fh, fw, stride, pads, dil = shape
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((n, c, h, w)).astype(dtype)
+    f = rng.standard_normal((k, c, fh, fw)).astype(dtype)
+    bias = rng.standard_normal(k).astype(dtype)
+    want = _direct64(x, f, stride, pads, dil) + bias[None, :, None, None]
+    mag = _direct64(np.abs(x), np.abs(f), stride, pads, dil) + np.abs(bias)[None, :, None, None]
+    y = np.full(want.shape, np.nan, dtype=dtype)
+    im2col_forward(x, f, bias, y, (pads[0], pads[1], stride[0], stride[1], dil[0], dil[1]))
+    eps = float(np.finfo(dtype).eps)
+    assert np.all(np.abs(y - want) <= 2 * (c * fh * fw + 3) * eps * mag + 1e-300)
+
+
+@pytest.mark.parametrize("stride", [1, 2, 3])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_pointwise_convolutions_match_direct_definition(stride: int, dtype: Any) -> None:
+    from computehal.backends.cpu._conv_gemm import (
+        pointwise_backward_data,
+        pointwise_backward_filter,
+        pointwise_forward,
+    )
+
+    n, c, k, h, w = 3, 19, 10, 17, 22
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((n, c, h, w)).astype(dtype)
+    f = rng.standard_normal((k, c, 1, 1)).astype(dtype)
+    bias = rng.standard_normal(k).astype(dtype)
+    oh, ow = (h - 1) // stride + 1, (w - 1) // stride + 1
+    gy = rng.standard_normal((n, k, oh, ow)).astype(dtype)
+    sub = x[:, :, ::stride, ::stride].astype(np.float64)
+    f2 = f.reshape(k, c).astype(np.float64)
+    eps = float(np.finfo(dtype).eps)
+
+    y = np.full((n, k, oh, ow), np.nan, dtype=dtype)
+    pointwise_forward(x, f, bias, y, stride, stride)
+    want = np.einsum("kc,nchw->nkhw", f2, sub) + bias[None, :, None, None]
+    mag = np.einsum("kc,nchw->nkhw", np.abs(f2), np.abs(sub)) + np.abs(bias)[None, :, None, None]
+    assert np.all(np.abs(y - want) <= 2 * (c + 3) * eps * mag)
+
+    gx = np.full(x.shape, np.nan, dtype=dtype)
+    pointwise_backward_data(gy, f, gx, stride, stride)
+    want_gx = np.zeros(x.shape)
+    want_gx[:, :, ::stride, ::stride] = np.einsum("kc,nkhw->nchw", f2, gy.astype(np.float64))
+    mag_gx = np.zeros(x.shape)
+    mag_gx[:, :, ::stride, ::stride] = np.einsum("kc,nkhw->nchw", np.abs(f2), np.abs(gy).astype(np.float64))
+    assert np.all(np.abs(gx - want_gx) <= 2 * (k + 2) * eps * mag_gx)
+
+    gf = np.full(f.shape, np.nan, dtype=dtype)
+    pointwise_backward_filter(x, gy, gf, stride, stride)
+    want_gf = np.einsum("nkhw,nchw->kc", gy.astype(np.float64), sub)
+    mag_gf = np.einsum("nkhw,nchw->kc", np.abs(gy).astype(np.float64), np.abs(sub))
+    assert np.all(np.abs(gf.reshape(k, c) - want_gf) <= 2 * (n * oh * ow + 2) * eps * mag_gf)

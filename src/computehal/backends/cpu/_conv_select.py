@@ -6,15 +6,23 @@ missing, or an operand holding inf or NaN where an algorithm would spread it to
 results that never read it). The choices, measured against the machine's sgemm rate
 with ``computehal bench`` (ratios in the module docstrings of each algorithm):
 
+* 1x1 convolutions without padding (one group): GEMMs on the images in place
+  (:mod:`._conv_gemm`), split into row blocks over the worker threads, all three passes.
 * 3x3 stride-1 convolutions (one group, no dilation, at least :data:`WINOGRAD_MIN_CHANNELS`
-  channels in and out, :data:`WINOGRAD_MIN_MACS` multiply-adds or more), float32:
-  Winograd F(4x4, 3x3) (:mod:`._conv_winograd`) for the forward pass and both gradients.
-  It does 4x fewer multiply-adds than the direct definition; per-tap GEMMs of the
-  general path run at about 0.6-0.7 of the sgemm rate on 64-channel layers, Winograd
-  at 1.3-1.5 (in the direct definition's FLOPs).
+  channels in and out, :data:`WINOGRAD_MIN_MACS` multiply-adds or more, a transformed
+  filter of at most :data:`WINOGRAD_MAX_FILTER` channel pairs), float32: Winograd
+  F(4x4, 3x3) (:mod:`._conv_winograd`) for the forward pass and both gradients. It does
+  4x fewer multiply-adds than the direct definition; per-tap GEMMs of the general path
+  run at about 0.6-0.7 of the sgemm rate on 64-channel layers, Winograd at 1.0-1.5 (in
+  the direct definition's FLOPs).
+* Other forward convolutions with one group that are strided, have few input channels
+  or small images (the 7x7 stride-2 stem, 256 / 512 channels at 14x14 / 7x7): im2col
+  blocks that stay in cache, batched over small images (:mod:`._conv_gemm`); the
+  per-tap GEMMs of the general path run at half its rate on 7x7 images.
 
 No oneDNN build with a C API installs from a wheel here (no ``onednn`` / ``dnnl``
-package on the index), so the algorithms are written with numba and SciPy's BLAS.
+package on the index), so the algorithms are written with numba and NumPy's / SciPy's
+BLAS.
 """
 
 from __future__ import annotations
@@ -22,16 +30,67 @@ from __future__ import annotations
 import numpy as np
 
 from ... import validation as v
+from ._conv_gemm import im2col_forward, pointwise_backward_data, pointwise_backward_filter, pointwise_forward
 from ._conv_winograd import winograd_backward_data, winograd_backward_filter, winograd_forward
 from ._plumbing import FloatArray
 from ._runtime import kernels
 
-__all__ = ["fast_forward", "fast_backward_data", "fast_backward_filter", "winograd_applies"]
+__all__ = [
+    "fast_forward",
+    "fast_backward_data",
+    "fast_backward_filter",
+    "forward_algorithm",
+    "pointwise_applies",
+    "winograd_applies",
+]
 
 #: Channels in and out below which the transforms cost more than the GEMMs save.
 WINOGRAD_MIN_CHANNELS = 16
 #: Direct multiply-adds below which a call is too small to be worth the transforms.
 WINOGRAD_MIN_MACS = 1 << 22
+#: Largest C * K for Winograd: each work item reads the whole transformed filter
+#: (36 C K floats), which beyond about 2 MB costs more memory traffic than it saves.
+WINOGRAD_MAX_FILTER = 1 << 14
+#: Multiply-adds below which the general paths' single call costs less than a task split.
+GEMM_MIN_MACS = 1 << 18
+
+
+def _macs(p: v.ConvProblem) -> int:
+    return p.n * p.oh * p.ow * p.k * p.cg * p.fh * p.fw
+
+
+def pointwise_applies(p: v.ConvProblem) -> bool:
+    """True for a 1x1 convolution without padding (one group) that the task-split GEMMs take."""
+    return (
+        p.groups == 1
+        and p.fh == p.fw == 1
+        and not (p.ph or p.pw or p.pb or p.pr)
+        and p.dtype in (np.float32, np.float64)
+        and _macs(p) >= GEMM_MIN_MACS
+    )
+
+
+def _im2col_applies(p: v.ConvProblem, f: FloatArray) -> bool:
+    padded = bool(p.ph or p.pw or p.pb or p.pr)
+    return (
+        p.groups == 1
+        and p.dtype in (np.float32, np.float64)
+        and _macs(p) >= GEMM_MIN_MACS
+        and (p.sh > 1 or p.sw > 1 or p.c < WINOGRAD_MIN_CHANNELS or p.oh * p.ow < 256)
+        and kernels("_kcols") is not None
+        and not (padded and not np.isfinite(f).all())
+    )
+
+
+def forward_algorithm(p: v.ConvProblem, f: FloatArray) -> str:
+    """The algorithm :func:`fast_forward` takes for ``p`` ("" for the general paths)."""
+    if pointwise_applies(p):
+        return "pointwise"
+    if winograd_applies(p):
+        return "winograd"
+    if _im2col_applies(p, f):
+        return "im2col"
+    return ""
 
 
 def winograd_applies(p: v.ConvProblem) -> bool:
@@ -43,6 +102,7 @@ def winograd_applies(p: v.ConvProblem) -> bool:
         and p.sh == p.sw == 1
         and p.dh == p.dw == 1
         and min(p.c, p.k) >= WINOGRAD_MIN_CHANNELS
+        and p.c * p.k <= WINOGRAD_MAX_FILTER
         and p.n * p.oh * p.ow * p.c * p.k * 9 >= WINOGRAD_MIN_MACS
         and kernels("_winograd") is not None
     )
@@ -52,13 +112,23 @@ def fast_forward(
     p: v.ConvProblem, x: FloatArray, f: FloatArray, y: FloatArray, bias: FloatArray | None
 ) -> bool:
     """``y`` = forward convolution (plus ``bias``) by a shape-specific algorithm, if one applies."""
-    if winograd_applies(p):
-        return winograd_forward(x, f, bias, y, p.ph, p.pw)
+    algorithm = forward_algorithm(p, f)
+    if algorithm == "pointwise":
+        pointwise_forward(x, f, bias, y, p.sh, p.sw)
+        return True
+    if algorithm == "winograd" and winograd_forward(x, f, bias, y, p.ph, p.pw):
+        return True
+    if algorithm == "im2col" or (algorithm == "winograd" and _im2col_applies(p, f)):
+        im2col_forward(x, f, bias, y, (p.ph, p.pw, p.sh, p.sw, p.dh, p.dw))
+        return True
     return False
 
 
 def fast_backward_data(p: v.ConvProblem, gy: FloatArray, f: FloatArray, gx: FloatArray) -> bool:
     """``gx`` = data gradient by a shape-specific algorithm, if one applies."""
+    if pointwise_applies(p):
+        pointwise_backward_data(gy, f, gx, p.sh, p.sw)
+        return True
     if winograd_applies(p):
         return winograd_backward_data(gy, f, gx, p.ph, p.pw)
     return False
@@ -66,6 +136,9 @@ def fast_backward_data(p: v.ConvProblem, gy: FloatArray, f: FloatArray, gx: Floa
 
 def fast_backward_filter(p: v.ConvProblem, x: FloatArray, gy: FloatArray, gf: FloatArray) -> bool:
     """``gf`` = filter gradient by a shape-specific algorithm, if one applies."""
+    if pointwise_applies(p):
+        pointwise_backward_filter(x, gy, gf, p.sh, p.sw)
+        return True
     if winograd_applies(p):
         return winograd_backward_filter(x, gy, gf, p.ph, p.pw)
     return False

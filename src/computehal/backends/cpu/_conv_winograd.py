@@ -33,14 +33,19 @@ MAX_TILES = 256
 _local = threading.local()
 
 
-def thread_scratch(name: str, size: int) -> FloatArray:
-    """A float32 array of at least ``size`` elements owned by this thread (grown, never shrunk)."""
-    buffers: dict[str, FloatArray] | None = getattr(_local, "buffers", None)
+def thread_scratch(name: str, size: int, dtype: Any = np.float32) -> FloatArray:
+    """An array of at least ``size`` elements owned by this thread (grown, never shrunk).
+
+    Kept between calls, so that a convolution does not fault in fresh pages for its
+    scratch each time.
+    """
+    buffers: dict[tuple[str, Any], FloatArray] | None = getattr(_local, "buffers", None)
     if buffers is None:
         buffers = _local.buffers = {}
-    buf = buffers.get(name)
+    key = (name, np.dtype(dtype))
+    buf = buffers.get(key)
     if buf is None or buf.size < size:
-        buf = buffers[name] = np.empty(max(size, 1), dtype=np.float32)
+        buf = buffers[key] = np.empty(max(size, 1), dtype=dtype)
     return buf
 
 
