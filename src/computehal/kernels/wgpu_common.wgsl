@@ -55,3 +55,18 @@ fn fmin_nan(a: f32, b: f32) -> f32 {
 fn linear_id(wid: vec3<u32>, nwg: vec3<u32>, lidx: u32, wg_size: u32) -> u32 {
     return (wid.y * nwg.x + wid.x) * wg_size + lidx;
 }
+
+// The taps [lo, hi) of a (dilated) filter or pooling window dimension whose positions
+// start + tap * dil lie in [0, size).
+fn tap_range(start: i32, dil: u32, taps: u32, size: u32) -> vec2<u32> {
+    let d = i32(dil);
+    var lo = 0;
+    if (start < 0) {
+        lo = (-start + d - 1) / d;
+    }
+    var hi = 0;
+    if (i32(size) > start) {
+        hi = min(i32(taps), (i32(size) - start + d - 1) / d);
+    }
+    return vec2<u32>(u32(lo), u32(max(lo, hi)));
+}

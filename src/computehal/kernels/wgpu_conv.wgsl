@@ -55,20 +55,6 @@ struct Params {
 
 const WG: u32 = 256u;
 
-// The taps [lo, hi) of a filter dimension whose positions start + tap * dil lie in [0, size).
-fn tap_range(start: i32, dil: u32, taps: u32, size: u32) -> vec2<u32> {
-    let d = i32(dil);
-    var lo = 0;
-    if (start < 0) {
-        lo = (-start + d - 1) / d;
-    }
-    var hi = 0;
-    if (i32(size) > start) {
-        hi = min(i32(taps), (i32(size) - start + d - 1) / d);
-    }
-    return vec2<u32>(u32(lo), u32(max(lo, hi)));
-}
-
 fn initial(t: u32, kk: u32, current: f32) -> f32 {
     if (P.accumulate != 0u) {
         return current;

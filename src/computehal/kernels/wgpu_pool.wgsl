@@ -45,20 +45,6 @@ struct Params {
 
 const WG: u32 = 256u;
 
-// The taps [lo, hi) of a window dimension whose positions start + tap * dil lie in [0, size).
-fn window_taps(start: i32, dil: u32, taps: u32, size: u32) -> vec2<u32> {
-    let d = i32(dil);
-    var lo = 0;
-    if (start < 0) {
-        lo = (-start + d - 1) / d;
-    }
-    var hi = 0;
-    if (i32(size) > start) {
-        hi = min(i32(taps), (i32(size) - start + d - 1) / d);
-    }
-    return vec2<u32>(u32(lo), u32(max(lo, hi)));
-}
-
 @compute @workgroup_size(256)
 fn pool2d(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -74,8 +60,8 @@ fn pool2d(
     let plane = t / (P.ow * P.oh);
     let y0 = i32(oy * P.sh) - i32(P.pt);
     let x0 = i32(ox * P.sw) - i32(P.pl);
-    let rows = window_taps(y0, P.dh, P.kh, P.h);
-    let cols = window_taps(x0, P.dw, P.kw, P.w);
+    let rows = tap_range(y0, P.dh, P.kh, P.h);
+    let cols = tap_range(x0, P.dw, P.kw, P.w);
     let is_max = P.op == POOL_MAX;
     var acc = select(0.0, f32_neg_inf(), is_max);
     if (P.accumulate != 0u) {
@@ -96,8 +82,8 @@ fn pool2d(
     if (!is_max && P.finish != 0u) {
         var count: u32;
         if (P.include_pad != 0u) {
-            let pr = window_taps(y0 + i32(P.pt), P.dh, P.kh, P.h + P.pt + P.pb);
-            let pc = window_taps(x0 + i32(P.pl), P.dw, P.kw, P.w + P.pl + P.pr);
+            let pr = tap_range(y0 + i32(P.pt), P.dh, P.kh, P.h + P.pt + P.pb);
+            let pc = tap_range(x0 + i32(P.pl), P.dw, P.kw, P.w + P.pl + P.pr);
             count = (pr.y - pr.x) * (pc.y - pc.x);
         } else {
             count = (rows.y - rows.x) * (cols.y - cols.x);

@@ -141,6 +141,36 @@ fn reduce_partial(
     }
 }
 
+// (fmax from -inf, NaN count) of X[first + l * inner] for l = start, start + WG, ... < end.
+fn local_peak(first: u32, start: u32, end: u32) -> vec2<f32> {
+    var peak = f32_neg_inf();
+    var nan_count = 0.0;
+    for (var l = start; l < end; l += WG) {
+        let x = X[first + l * P.inner];
+        nan_count += select(0.0, 1.0, is_nan(x));
+        peak = fmax_nan(peak, x);
+    }
+    return vec2<f32>(peak, nan_count);
+}
+
+// Every invocation's (peak, NaN count) folded over the workgroup; all get the result.
+fn tree_stats(lidx: u32, mine: vec2<f32>) -> vec2<f32> {
+    workgroupBarrier();
+    partial[lidx] = mine.x;
+    partial2[lidx] = mine.y;
+    for (var half = WG / 2u; half > 0u; half /= 2u) {
+        workgroupBarrier();
+        if (lidx < half) {
+            partial[lidx] = fmax_nan(partial[lidx], partial[lidx + half]);
+            partial2[lidx] += partial2[lidx + half];
+        }
+    }
+    workgroupBarrier();
+    let result = vec2<f32>(partial[0], partial2[0]);
+    workgroupBarrier();
+    return result;
+}
+
 // One output of a softmax slice with maximum `peak` and sum of exp(x - peak) `total`:
 // exp(x - peak) / total, or with op 1 (log-softmax) x - peak - log(total), so that -inf
 // entries stay -inf. A poisoned slice is NaN.
@@ -201,26 +231,9 @@ fn softmax_group(
     let o = slice / P.inner;
     let t = slice % P.inner;
     let base = o * P.length * P.inner + t;
-    var peak = f32_neg_inf();
-    var nan_count = 0.0;
-    for (var l = lidx; l < P.length; l += WG) {
-        let x = X[P.in_off + base + l * P.inner];
-        nan_count += select(0.0, 1.0, is_nan(x));
-        peak = fmax_nan(peak, x);
-    }
-    partial[lidx] = peak;
-    partial2[lidx] = nan_count;
-    for (var half = WG / 2u; half > 0u; half /= 2u) {
-        workgroupBarrier();
-        if (lidx < half) {
-            partial[lidx] = fmax_nan(partial[lidx], partial[lidx + half]);
-            partial2[lidx] += partial2[lidx + half];
-        }
-    }
-    workgroupBarrier();
-    let slice_peak = partial[0];
-    let poisoned = partial2[0] > 0.0 || !is_finite(slice_peak);
-    workgroupBarrier();
+    let stats = tree_stats(lidx, local_peak(P.in_off + base, lidx, P.length));
+    let slice_peak = stats.x;
+    let poisoned = stats.y > 0.0 || !is_finite(slice_peak);
     var total = 0.0;
     for (var l = lidx; l < P.length; l += WG) {
         total += exp(X[P.in_off + base + l * P.inner] - slice_peak);
@@ -251,27 +264,11 @@ fn softmax_split_stats(
     let base = P.in_off + (slice / P.inner) * P.length * P.inner + slice % P.inner;
     let lo = c * P.chunk;
     let hi = min(lo + P.chunk, P.length);
-    var peak = f32_neg_inf();
-    var nan_count = 0.0;
-    for (var l = lo + lidx; l < hi; l += WG) {
-        let x = X[base + l * P.inner];
-        nan_count += select(0.0, 1.0, is_nan(x));
-        peak = fmax_nan(peak, x);
-    }
-    partial[lidx] = peak;
-    partial2[lidx] = nan_count;
-    for (var half = WG / 2u; half > 0u; half /= 2u) {
-        workgroupBarrier();
-        if (lidx < half) {
-            partial[lidx] = fmax_nan(partial[lidx], partial[lidx + half]);
-            partial2[lidx] += partial2[lidx + half];
-        }
-    }
-    workgroupBarrier();
+    let stats = tree_stats(lidx, local_peak(base, lo + lidx, hi));
     if (lidx == 0u) {
         let at = 2u * (slice * nwg.x + c);
-        T[at] = partial[0];
-        T[at + 1u] = partial2[0];
+        T[at] = stats.x;
+        T[at + 1u] = stats.y;
     }
 }
 
@@ -285,20 +282,7 @@ fn split_peak(slice: u32, chunks: u32, lidx: u32) -> vec2<f32> {
         peak = fmax_nan(peak, T[at]);
         nan_count += T[at + 1u];
     }
-    workgroupBarrier();
-    partial[lidx] = peak;
-    partial2[lidx] = nan_count;
-    for (var half = WG / 2u; half > 0u; half /= 2u) {
-        workgroupBarrier();
-        if (lidx < half) {
-            partial[lidx] = fmax_nan(partial[lidx], partial[lidx + half]);
-            partial2[lidx] += partial2[lidx + half];
-        }
-    }
-    workgroupBarrier();
-    let result = vec2<f32>(partial[0], partial2[0]);
-    workgroupBarrier();
-    return result;
+    return tree_stats(lidx, vec2<f32>(peak, nan_count));
 }
 
 @compute @workgroup_size(256)
