@@ -59,6 +59,7 @@ def bits(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
 STRIDED_CASES = [
     # (source shape, transpose axes, source slice): the destination is the contiguous result.
     ((96, 80), (1, 0), None),  # big enough for the tiled kernel
+    ((45, 67), (1, 0), None),  # ragged edges around the 8 x 8 register blocks
     ((5, 7), (1, 0), None),  # NumPy path
     ((2, 3, 40, 36), (0, 2, 3, 1), None),  # NCHW -> NHWC
     ((4, 6, 8), (2, 0, 1), None),

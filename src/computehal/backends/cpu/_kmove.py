@@ -16,7 +16,9 @@ from typing import Any
 import numba
 import numpy as np
 
-__all__ = ["TILE", "copy_tiled", "warm_up"]
+from ._nb import transpose8
+
+__all__ = ["TILE", "copy_tiled", "transpose_f32", "warm_up"]
 
 #: Edge of a tile (elements): two tiles of float32 take 32 KiB, the size of L1.
 TILE = 64
@@ -59,8 +61,33 @@ def copy_tiled(
                     dst[d + j * d_col] = src[s + j * s_col]
 
 
+@_jit
+def transpose_f32(
+    src: Any, s_at: int, s_col: int, dst: Any, d_at: int, d_row: int, rows: int, cols: int
+) -> None:
+    """``dst[d_at + i*d_row + j] = src[s_at + i + j*s_col]`` over a rows x cols grid (float32 bits).
+
+    Both operands are contiguous along their own axis: 8 x 8 blocks are transposed in
+    registers (:func:`._nb.transpose8`), tile by tile; the ragged edges element by element.
+    """
+    full_i, full_j = rows - rows % 8, cols - cols % 8
+    for i0 in range(0, rows, TILE):
+        i1 = min(full_i, i0 + TILE)
+        for j0 in range(0, cols, TILE):
+            j1 = min(full_j, j0 + TILE)
+            for i in range(i0, i1, 8):
+                for j in range(j0, j1, 8):
+                    transpose8(src, s_at + i + j * s_col, s_col, dst, d_at + i * d_row + j, d_row)
+    for i in range(rows):
+        start = full_j if i < full_i else 0
+        for j in range(start, cols):
+            dst[d_at + i * d_row + j] = src[s_at + i + j * s_col]
+
+
 def warm_up() -> None:
     """Compile (or load from numba's cache) the kernel for every element size it takes."""
     for dtype in (np.uint16, np.uint32, np.uint64):
         a = np.zeros(4, dtype=dtype)
         copy_tiled(a, 0, 2, 1, a.copy(), 0, 1, 2, 2, 2)
+    b = np.zeros(81, dtype=np.float32)
+    transpose_f32(b, 0, 9, b.copy(), 0, 9, 9, 9)

@@ -111,6 +111,7 @@ def _copy_tiled(
     ]
     # Threads take whole planes, or bands of rows of a plane when planes are few.
     n_rows, plane = shape[rows], shape[rows] * shape[cols]
+    registers = src.dtype.itemsize == 4 and ss[rows] == 1 and ds[cols] == 1
     bands = 1 if len(outer) >= 2 * workers() else max(1, min(n_rows // TILED_MIN, 2 * workers()))
 
     def run(start: int, stop: int) -> None:
@@ -118,6 +119,12 @@ def _copy_tiled(
             which, band = divmod(t, bands)
             s_at, d_at = outer[which]
             r0, r1 = n_rows * band // bands, n_rows * (band + 1) // bands
+            if registers:
+                compiled.transpose_f32(
+                    src.view(np.float32), s_at + r0, ss[cols], dst.view(np.float32),
+                    d_at + r0 * ds[rows], ds[rows], r1 - r0, shape[cols],
+                )  # fmt: skip
+                continue
             compiled.copy_tiled(
                 src, s_at + r0 * ss[rows], ss[rows], ss[cols],
                 dst, d_at + r0 * ds[rows], ds[rows], ds[cols], r1 - r0, shape[cols],
