@@ -15,11 +15,10 @@ from __future__ import annotations
 from ... import validation as v
 from ...errors import UnsupportedError
 from ...types import BinaryOp, UnaryOp
-from .._common import BINARY_CODES, UNARY_CODES, ceil_div
+from .._common import BINARY_CODES, UNARY_CODES, ceil_div, collapse
 from ._device import Gpu
 from ._movement import copy_range
-from ._queue import Binding, Step, grid_1d, pack
-from ._shapes import collapse, vec6
+from ._queue import Binding, Step, grid_1d, pack, vec6
 
 __all__ = ["binary", "broadcast_binary", "cast", "unary"]
 

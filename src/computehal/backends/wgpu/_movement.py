@@ -22,10 +22,9 @@ import numpy.typing as npt
 from ... import validation as v
 from ...errors import InvalidArgumentError
 from ...memory import Region
-from .._common import ceil_div
+from .._common import ceil_div, collapse, fill_pattern
 from ._device import Gpu
-from ._queue import Copy, Step, grid_1d, pack
-from ._shapes import collapse, vec6
+from ._queue import Copy, Step, grid_1d, pack, vec6
 
 __all__ = ["copy_dtod", "copy_range", "copy_strided", "fill", "gather", "scatter"]
 
@@ -64,7 +63,7 @@ def copy_strided(gpu: Gpu, p: v.StridedProblem) -> None:
 
 def fill(gpu: Gpu, p: v.FillProblem) -> None:
     """Write ``p.value`` rounded to ``p.dtype`` into ``p.count`` elements."""
-    bits = int(np.asarray(p.value, dtype=p.dtype).view(np.uint16 if p.dtype.itemsize == 2 else np.uint32))
+    bits = int(fill_pattern(p.value, p.dtype))
     pattern = bits | (bits << 16) if p.dtype.itemsize == 2 else bits
     bd = gpu.bind("ptr", p.region, align=p.dtype.itemsize)
     words = ceil_div(bd.byte + p.region.nbytes, 4) - bd.byte // 4

@@ -27,7 +27,7 @@ from .._common import ceil_div
 from ._adapter import check, wgpu_module
 from ._programs import KERNELS, Programs
 
-__all__ = ["Binding", "Copy", "MAX_GROUPS", "Queue", "Step", "grid_1d", "pack"]
+__all__ = ["Binding", "Copy", "MAX_GROUPS", "Queue", "Step", "grid_1d", "pack", "vec6"]
 
 #: Bytes reserved per dispatch in the uniform ring (>= any minUniformBufferOffsetAlignment).
 SLOT = 256
@@ -92,6 +92,11 @@ def pack(*values: int | float | bool) -> bytes:
         else:
             words[i] = int(value) & 0xFFFFFFFF
     return words.tobytes()
+
+
+def vec6(values: Sequence[int]) -> list[int]:
+    """Up to 6 dimension values padded with zeros to the 8 words of two uniform vec4s."""
+    return [*values, *([0] * (8 - len(values)))]
 
 
 def grid_1d(invocations: int, workgroup: int) -> tuple[int, int, int]:
