@@ -34,7 +34,11 @@ CONFIGS: dict[str, list[dict[str, str]]] = {
         {"REAL": "float", "VW": "8", "NR": "6"},
         {"REAL": "double", "VW": "4", "NR": "6", "USE_FP64": "1"},
     ],
-    "conv.cl": [{"REAL": "float", "VW": "8", "NR": "6"}, {"REAL": "float", "VW": "8", "NR": "4"}],
+    "conv.cl": [
+        {"REAL": "float", "VW": "8", "NR": "6", "LS": "64"},
+        {"REAL": "double", "VW": "4", "NR": "6", "LS": "64", "USE_FP64": "1"},
+        {"REAL": "float", "VW": "8", "NR": "4"},
+    ],
     "attention.cl": [
         {"HD": "64", "BQ": "32", "BKV": "64", "VW": "8"},
         {"HD": "24", "BQ": "4", "BKV": "64", "VW": "8"},

@@ -381,3 +381,70 @@ def test_pool2d(be: Any, kernel: Any, stride: Any, pads: Any, dil: Any, ceil: bo
             want = _pool_reference(x.astype(np.float64), op, (oh, ow), kernel, stride, pads, dil, include)
             tol = 8 * np.finfo(dtype).eps
             np.testing.assert_allclose(get(be, py, (2, 3, oh, ow), dtype), want, rtol=tol, atol=tol)
+
+
+# --------------------------------------------------------------------------- convolution
+
+
+def _taps(x_shape: Any, f_shape: Any, out_hw: Any, stride: Any, pads: Any, dil: Any, groups: int) -> Any:
+    """Every (input index, filter index, output index) product of the convolution, padding skipped."""
+    n, c, h, w = x_shape
+    k, cg, fh, fw = f_shape
+    kg = k // groups
+    for kk, cl, r, s in np.ndindex(k, cg, fh, fw):
+        ch = kk // kg * cg + cl
+        for i, j in np.ndindex(*out_hw):
+            yy, xx = i * stride[0] - pads[0] + r * dil[0], j * stride[1] - pads[1] + s * dil[1]
+            if 0 <= yy < h and 0 <= xx < w:
+                yield (slice(None), ch, yy, xx), (kk, cl, r, s), (slice(None), kk, i, j)
+
+
+CONVS = [  # n, c, h, w, k, fh, fw, stride, padding, dilation, groups, bias
+    (2, 3, 6, 7, 4, 3, 3, (1, 1), (1, 1), (1, 1), 1, True),
+    (1, 4, 7, 6, 4, 2, 3, (2, 1), (1, 2, 0, 1), (2, 1), 2, False),
+    (2, 4, 5, 5, 8, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 4, True),  # depthwise, channel multiplier 2
+    (1, 6, 9, 8, 6, 3, 2, (2, 2), (0, 1, 2, 0), (1, 2), 3, True),
+]
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["one-chunk", "image-chunks"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("cfg", CONVS, ids=["plain-bias", "groups-dilation-4pad", "depthwise", "groups-3"])
+def test_conv_extensions_with_nan_next_to_the_padding(
+    be: Any, cfg: Any, dtype: str, chunked: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import computehal.backends.opencl._conv as module
+
+    if chunked:
+        monkeypatch.setattr(module, "CONV_SCRATCH", 1)  # one image per chunk, beta = 1 accumulation
+    n, c, h, w, k, fh, fw, stride, pads, dil, groups, has_bias = cfg
+    p4 = pads if len(pads) == 4 else (*pads, *pads)
+    oh = (h + p4[0] + p4[2] - dil[0] * (fh - 1) - 1) // stride[0] + 1
+    ow = (w + p4[1] + p4[3] - dil[1] * (fw - 1) - 1) // stride[1] + 1
+    rng = np.random.default_rng(n * c * k)
+    x = rng.standard_normal((n, c, h, w)).astype(dtype)
+    f = rng.standard_normal((k, c // groups, fh, fw)).astype(dtype)
+    gy = rng.standard_normal((n, k, oh, ow)).astype(dtype)
+    bias = rng.standard_normal(k).astype(dtype)
+    x[0, 0, 1, 2], f[0, 0, 0, 0], gy[-1, -1, -1, 0] = np.nan, np.nan, np.inf  # next to the padding
+    y, gx, gf = np.zeros(gy.shape), np.zeros(x.shape), np.zeros(f.shape)
+    x64, f64, gy64 = (a.astype(np.float64) for a in (x, f, gy))
+    with np.errstate(invalid="ignore"):
+        for xi, fi, yi in _taps(x.shape, f.shape, (oh, ow), stride, p4, dil, groups):
+            y[yi] += x64[xi] * f64[fi]
+            gx[xi] += gy64[yi] * f64[fi]
+            gf[fi] += (x64[xi] * gy64[yi]).sum()
+    if has_bias:
+        y += bias.reshape(1, k, 1, 1)
+    conv = {"dtype": dtype, "groups": groups, "dilation": dil}
+    py, pgx, pgf = be.alloc(y.size * x.itemsize), be.alloc(x.nbytes), be.alloc(f.nbytes)
+    px, pf, pgy = put(be, x), put(be, f), put(be, gy)
+    bias_ptr = put(be, bias) if has_bias else None
+    be.conv2d_forward(px, x.shape, pf, f.shape, py, y.shape, stride, pads, bias_ptr=bias_ptr, **conv)
+    be.conv2d_backward_data(pgy, gy.shape, pf, f.shape, pgx, x.shape, stride, pads, **conv)
+    be.conv2d_backward_filter(px, x.shape, pgy, gy.shape, pgf, f.shape, stride, pads, **conv)
+    tol = 256 * np.finfo(dtype).eps
+    for got, want in ((get(be, py, y.shape, dtype), y), (get(be, pgx, x.shape, dtype), gx),
+                      (get(be, pgf, f.shape, dtype), gf)):  # fmt: skip
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)

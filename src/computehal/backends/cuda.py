@@ -806,7 +806,9 @@ class CudaBackend(TableBackend):
             yield start, min(total, start + step)
 
     def _conv_dims(self, p: v.ConvProblem) -> tuple[np.int32, ...]:
-        return tuple(_i32(x) for x in (p.c, p.h, p.w, p.fh, p.fw, p.oh, p.ow, p.sh, p.sw, p.ph, p.pw))
+        """conv.cl's CHAL_CONV_PARAMS for one group of all channels, no dilation."""
+        dims = (0, p.c, p.c, p.h, p.w, p.fh, p.fw, p.oh, p.ow, p.sh, p.sw, p.ph, p.pw, 1, 1)
+        return tuple(_i32(x) for x in dims)
 
     # ------------------------------------------------------------------ convolution
 

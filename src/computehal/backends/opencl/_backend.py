@@ -59,6 +59,8 @@ class OpenCLBackend(ConvOps, AttentionOps, AxisOps, ElementwiseOps, MovementOps,
             table[op] = floats
         for op in ("layer_norm", "rms_norm", "batch_norm", "lrn", "pool2d"):
             table[op] = floats
+        for op in ("conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter"):
+            table[op] = floats
         for op in ("fill", "copy_strided", "gather", "scatter"):
             table[op] = _BITS
         table.update(copy_dtod=frozenset({"uint8"}), cast=_WIDENED | floats)

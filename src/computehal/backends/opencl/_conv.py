@@ -1,6 +1,15 @@
-"""2-D convolution on OpenCL as implicit GEMM: operands packed straight into the GEMM
-engine's panel layout (no im2col matrix), column gradients folded back for the data
-gradient, images processed in chunks whose packed panels fit a scratch budget.
+"""2-D convolution on OpenCL (``kernels/conv.cl``), float32 and float64.
+
+Convolutions run as implicit GEMM, one group at a time: operands are packed straight into
+the GEMM engine's panel layout (no im2col matrix), column gradients are folded back for the
+data gradient, and images go in chunks whose packed panels fit a scratch budget.
+Depthwise convolutions (one input channel per group) run as direct kernels instead.
+
+Padding is never multiplied. The packed GEMM multiplies zeros for padding positions, which
+is exact unless the filter (forward) or the output gradient (filter gradient) holds a NaN or
+an infinity there; a device-side flag then makes direct kernels recompute the outputs whose
+window touches the padding, skipping it. col2im only folds (tap, position) pairs that
+exist, so the data gradient is exact as it is.
 """
 
 from __future__ import annotations
@@ -10,8 +19,7 @@ from typing import Any
 import numpy as np
 
 from ... import validation as v
-from ...dtypes import F32
-from .._common import ceil_div, chunks, refuse_extensions
+from .._common import ceil_div, chunks
 from ._gemm import GEMM_TILE, GemmOps
 from ._runtime import Operand
 
@@ -24,113 +32,212 @@ I64 = np.int64
 CONV_SCRATCH = 64 << 20
 
 
+def _interior(size: int, pad: int, extent: int, stride: int, out: int) -> tuple[int, int]:
+    """[first, last + 1) output indices whose window lies inside the input along one axis."""
+    first = min(out, ceil_div(pad, stride))
+    span = size - extent + pad
+    last = min(out, span // stride + 1) if span >= 0 else 0
+    return first, max(first, last)
+
+
 class ConvOps(GemmOps):
-    """conv2d_forward and both gradients."""
+    """conv2d_forward and both gradients, with groups, dilation, four-sided padding and bias."""
 
-    def _conv_kernel(self, name: str) -> Any:
-        vw, nr = GEMM_TILE[F32]
-        return self._kernel("conv.cl", name, F32, VW=vw, NR=nr)
-
-    @staticmethod
-    def _conv_dims(p: v.ConvProblem) -> tuple[Any, ...]:
-        return (I32(p.c), I32(p.h), I32(p.w), I32(p.fh), I32(p.fw), I32(p.oh), I32(p.ow),
-                I32(p.sh), I32(p.sw), I32(p.ph), I32(p.pw))  # fmt: skip
+    def _conv_kernel(self, name: str, dtype: np.dtype[Any]) -> Any:
+        vw, nr = GEMM_TILE[dtype]
+        return self._kernel("conv.cl", name, dtype, VW=vw, NR=nr, LS=self._pow2_group(64))
 
     @staticmethod
-    def _image_chunks(total: int, per_item_bytes: int) -> Any:
+    def _dims(p: v.ConvProblem, c0: int = 0, cg: int | None = None) -> tuple[Any, ...]:
+        """The ``CHAL_CONV_PARAMS`` of conv.cl for the group whose first input channel is ``c0``."""
+        return tuple(
+            I32(d)
+            for d in (c0, p.cg if cg is None else cg, p.c, p.h, p.w, p.fh, p.fw, p.oh, p.ow,
+                      p.sh, p.sw, p.ph, p.pw, p.dh, p.dw)
+        )  # fmt: skip
+
+    @staticmethod
+    def _border(p: v.ConvProblem) -> tuple[int, tuple[Any, ...]]:
+        """(number of border outputs, (r0, r1, q0, q1)): outputs outside rows [r0, r1) x columns
+        [q0, q1) have a window that touches the padding."""
+        r0, r1 = _interior(p.h, p.ph, p.dh * (p.fh - 1) + 1, p.sh, p.oh)
+        q0, q1 = _interior(p.w, p.pw, p.dw * (p.fw - 1) + 1, p.sw, p.ow)
+        count = p.oh * p.ow - (r1 - r0) * (q1 - q0)
+        return count, tuple(I32(b) for b in (r0, r1, q0, q1))
+
+    @staticmethod
+    def _direct(p: v.ConvProblem) -> bool:
+        """Depthwise convolutions (one input channel per group) run as direct kernels."""
+        return p.groups > 1 and p.cg == 1
+
+    def _image_chunks(self, total: int, per_item_bytes: int) -> Any:
         return chunks(total, per_item_bytes, budget=CONV_SCRATCH)
 
+    def _flags(self, count: int) -> Any:
+        return self._scratch_buffer("conv_flags", count * 4)
+
+    # ------------------------------------------------------------------ forward
+
     def _exec_conv2d_forward(self, p: v.ConvProblem) -> None:
-        refuse_extensions("opencl", "conv2d_forward", p)
-        vw, nr = GEMM_TILE[F32]
-        mr = 2 * vw
-        crs, spatial = p.c * p.fh * p.fw, p.oh * p.ow
-        x, f, y = self._at(p.x), self._at(p.f), self._at(p.y)
-        # Column-major view per image: out^T (S x K) = cols^T (S x CRS) @ filter^T (CRS x K).
-        a_panels, b_panels = ceil_div(spatial, mr), ceil_div(p.k, nr)
-        ap_stride, bp_stride = a_panels * mr * crs, b_panels * nr * crs
+        size = p.dtype.itemsize
+        x, f, y = self._at(p.x, size), self._at(p.f, size), self._at(p.y, size)
+        bias = self._at(p.bias, size) if p.bias is not None else Operand(None, 0)
+        count, bounds = self._border(p)
         with self._lock:
-            bp = self._scratch_buffer("bp", bp_stride * 4)
-            gk = self._gemm_kernels(F32)
+            direct = self._conv_kernel("conv_fwd_direct", p.dtype)
+            head = (x.buffer, I64(x.offset), f.buffer, I64(f.offset), bias.buffer, I64(bias.offset),
+                    I32(p.bias is not None), y.buffer, I64(y.offset), I32(p.k), *self._dims(p))  # fmt: skip
+            if self._direct(p):
+                flag = self._flags(1)
+                self._launch(direct, (p.oh * p.ow, p.k, p.n), (16, 1, 1), *head, I32(0), *bounds, flag)
+                return
+            self._forward_gemm(p, x, f, y)
+            if p.bias is not None:
+                self._launch(
+                    self._conv_kernel("conv_bias", p.dtype), (p.oh * p.ow, p.k, p.n), (16, 1, 1),
+                    y.buffer, I64(y.offset), bias.buffer, I64(bias.offset), I32(p.k), I64(p.oh * p.ow),
+                )  # fmt: skip
+            if count:  # recompute the border if the filter holds a NaN or an infinity
+                flag = self._flags(1)
+                ls = self._pow2_group(64)
+                self._launch(
+                    self._conv_kernel("nonfinite_rows", p.dtype), (ls,), (ls,),
+                    f.buffer, I64(f.offset), I64(p.k * p.cg * p.fh * p.fw), flag,
+                )  # fmt: skip
+                self._launch(direct, (count, p.k, p.n), (16, 1, 1), *head, I32(1), *bounds, flag)
+
+    def _forward_gemm(self, p: v.ConvProblem, x: Operand, f: Operand, y: Operand) -> None:
+        """Per group and chunk of images: out^T (S x Kg) = cols^T (S x CRSg) @ filter_g^T (CRSg x Kg)."""
+        size = p.dtype.itemsize
+        vw, nr = GEMM_TILE[p.dtype]
+        mr = 2 * vw
+        crs, spatial, kg = p.cg * p.fh * p.fw, p.oh * p.ow, p.kg
+        a_panels, b_panels = ceil_div(spatial, mr), ceil_div(kg, nr)
+        ap_stride, bp_stride = a_panels * mr * crs, b_panels * nr * crs
+        gk = self._gemm_kernels(p.dtype)
+        pack = self._conv_kernel("pack_a_im2col", p.dtype)
+        for g in range(p.groups):
+            bp = self._scratch_buffer("bp", bp_stride * size)
             self._launch(
                 gk["pack_b"], (crs, b_panels, 1), None,
-                f.buffer, I64(f.offset), I64(0), I32(crs), I32(0), I32(crs), I32(p.k), bp, I64(0), I32(0),
+                f.buffer, I64(f.offset + g * kg * crs), I64(0), I32(crs), I32(0), I32(crs), I32(kg),
+                bp, I64(0), I32(0),
             )  # fmt: skip
-            pack = self._conv_kernel("pack_a_im2col")
-            for n0, n1 in self._image_chunks(p.n, ap_stride * 4):
+            for n0, n1 in self._image_chunks(p.n, ap_stride * size):
                 images = n1 - n0
-                ap = self._scratch_buffer("ap", ap_stride * images * 4)
+                ap = self._scratch_buffer("ap", ap_stride * images * size)
                 self._launch(
                     pack, (crs, a_panels, images), None,
-                    x.buffer, I64(x.offset), I64(n0), *self._conv_dims(p), ap, I64(ap_stride),
+                    x.buffer, I64(x.offset), I64(n0), *self._dims(p, g * p.cg), ap, I64(ap_stride),
                 )  # fmt: skip
-                out = Operand(y.buffer, y.offset + n0 * p.k * spatial)
+                out = Operand(y.buffer, y.offset + (n0 * p.k + g * kg) * spatial)
                 self._panels(
-                    F32, (spatial, p.k, crs), 1.0, 0.0, images, (ap, ap_stride), (bp, 0),
+                    p.dtype, (spatial, kg, crs), 1.0, 0.0, images, (ap, ap_stride), (bp, 0),
                     out, p.k * spatial, spatial,
                 )  # fmt: skip
 
+    # ------------------------------------------------------------------ data gradient
+
     def _exec_conv2d_backward_data(self, p: v.ConvProblem) -> None:
-        refuse_extensions("opencl", "conv2d_backward_data", p)
-        vw, nr = GEMM_TILE[F32]
-        mr = 2 * vw
-        crs, spatial = p.c * p.fh * p.fw, p.oh * p.ow
-        gy, f, gx = self._at(p.y), self._at(p.f), self._at(p.x)
-        # Column gradients per image: gcols^T (S x CRS) = grad_out^T (S x K) @ filter (K x CRS).
-        a_panels, b_panels = ceil_div(spatial, mr), ceil_div(crs, nr)
-        ap_stride, bp_stride = a_panels * mr * p.k, b_panels * nr * p.k
+        size = p.dtype.itemsize
+        gy, f, gx = self._at(p.y, size), self._at(p.f, size), self._at(p.x, size)
         with self._lock:
-            gk = self._gemm_kernels(F32)
-            bp = self._scratch_buffer("bp", bp_stride * 4)
-            self._launch(
-                gk["pack_b"], (p.k, b_panels, 1), None,
-                f.buffer, I64(f.offset), I64(0), I32(crs), I32(1), I32(p.k), I32(crs), bp, I64(0), I32(0),
-            )  # fmt: skip
-            fold = self._conv_kernel("col2im")
-            per_image = (ap_stride + crs * spatial) * 4
-            for n0, n1 in self._image_chunks(p.n, per_image):
-                images = n1 - n0
-                ap = self._scratch_buffer("ap", ap_stride * images * 4)
-                gcols = self._scratch_buffer("cols", crs * spatial * images * 4)
+            if self._direct(p):
                 self._launch(
-                    gk["pack_a"], (p.k, a_panels, images), None,
-                    gy.buffer, I64(gy.offset + n0 * p.k * spatial), I64(p.k * spatial), I32(spatial), I32(0),
-                    I32(spatial), I32(p.k), ap, I64(ap_stride), I32(0),
+                    self._conv_kernel("conv_bwd_data_direct", p.dtype), (p.h * p.w, p.c, p.n), (16, 1, 1),
+                    gy.buffer, I64(gy.offset), f.buffer, I64(f.offset), gx.buffer, I64(gx.offset), I32(p.k),
+                    *self._dims(p),
+                )  # fmt: skip
+                return
+            self._data_gemm(p, gy, f, gx)
+
+    def _data_gemm(self, p: v.ConvProblem, gy: Operand, f: Operand, gx: Operand) -> None:
+        """Per chunk of images and group: gcols^T (S x CRSg) = grad_out_g^T (S x Kg) @ filter_g
+        (Kg x CRSg), into the group's columns; then col2im folds every channel at once."""
+        size = p.dtype.itemsize
+        vw, nr = GEMM_TILE[p.dtype]
+        mr = 2 * vw
+        crs, spatial, kg = p.cg * p.fh * p.fw, p.oh * p.ow, p.kg
+        crs_all = p.c * p.fh * p.fw
+        a_panels, b_panels = ceil_div(spatial, mr), ceil_div(crs, nr)
+        ap_stride, bp_stride = a_panels * mr * kg, b_panels * nr * kg
+        gk = self._gemm_kernels(p.dtype)
+        fold = self._conv_kernel("col2im", p.dtype)
+        for n0, n1 in self._image_chunks(p.n, (ap_stride + crs_all * spatial) * size):
+            images = n1 - n0
+            gcols = self._scratch_buffer("cols", crs_all * spatial * images * size)
+            for g in range(p.groups):
+                bp = self._scratch_buffer("bp", bp_stride * size)
+                ap = self._scratch_buffer("ap", ap_stride * images * size)
+                self._launch(
+                    gk["pack_b"], (kg, b_panels, 1), None,
+                    f.buffer, I64(f.offset + g * kg * crs), I64(0), I32(crs), I32(1), I32(kg), I32(crs),
+                    bp, I64(0), I32(0),
+                )  # fmt: skip
+                self._launch(
+                    gk["pack_a"], (kg, a_panels, images), None,
+                    gy.buffer, I64(gy.offset + (n0 * p.k + g * kg) * spatial), I64(p.k * spatial),
+                    I32(spatial), I32(0), I32(spatial), I32(kg), ap, I64(ap_stride), I32(0),
                 )  # fmt: skip
                 self._panels(
-                    F32, (spatial, crs, p.k), 1.0, 0.0, images, (ap, ap_stride), (bp, 0),
-                    Operand(gcols, 0), crs * spatial, spatial,
+                    p.dtype, (spatial, crs, kg), 1.0, 0.0, images, (ap, ap_stride), (bp, 0),
+                    Operand(gcols, g * crs * spatial), crs_all * spatial, spatial,
                 )  # fmt: skip
-                self._launch(
-                    fold, (p.h * p.w, p.c, images), None,
-                    gcols, gx.buffer, I64(gx.offset), I64(n0), *self._conv_dims(p),
-                )  # fmt: skip
+            self._launch(
+                fold, (p.h * p.w, p.c, images), None,
+                gcols, gx.buffer, I64(gx.offset), I64(n0), *self._dims(p, 0, p.c),
+            )  # fmt: skip
+
+    # ------------------------------------------------------------------ filter gradient
 
     def _exec_conv2d_backward_filter(self, p: v.ConvProblem) -> None:
-        refuse_extensions("opencl", "conv2d_backward_filter", p)
-        vw, nr = GEMM_TILE[F32]
-        mr = 2 * vw
-        crs, spatial = p.c * p.fh * p.fw, p.oh * p.ow
-        x, gy, gf = self._at(p.x), self._at(p.y), self._at(p.f)
-        # grad_filter^T (CRS x K) = sum over images of cols (CRS x S) @ grad_out^T (S x K):
-        # one GEMM with k = images * S per chunk, accumulated with beta = 1 across chunks.
-        a_panels, b_panels = ceil_div(crs, mr), ceil_div(p.k, nr)
-        per_image = (a_panels * mr + b_panels * nr) * spatial * 4
+        size = p.dtype.itemsize
+        x, gy, gf = self._at(p.x, size), self._at(p.y, size), self._at(p.f, size)
+        count, bounds = self._border(p)
+        ls = self._pow2_group(64)
+        elements = p.k * p.cg * p.fh * p.fw
         with self._lock:
-            pack_a = self._conv_kernel("pack_a_cols_t")
-            pack_b = self._conv_kernel("pack_b_grad_out")
+            direct = self._conv_kernel("conv_bwd_filter_direct", p.dtype)
+            args = (x.buffer, I64(x.offset), gy.buffer, I64(gy.offset), gf.buffer, I64(gf.offset),
+                    I32(p.n), I32(p.k), *self._dims(p))  # fmt: skip
+            flags = self._flags(p.k)
+            if self._direct(p):
+                self._launch(direct, (elements * ls,), (ls,), *args, flags, I32(0))
+                return
+            self._filter_gemm(p, x, gy, gf)
+            if count:  # recompute the channels whose border gradient holds a NaN or an infinity
+                self._launch(
+                    self._conv_kernel("nonfinite_border", p.dtype), (p.k * ls,), (ls,),
+                    gy.buffer, I64(gy.offset), I32(p.n), I32(p.k), I32(p.oh), I32(p.ow), *bounds, flags,
+                )  # fmt: skip
+                self._launch(direct, (elements * ls,), (ls,), *args, flags, I32(1))
+
+    def _filter_gemm(self, p: v.ConvProblem, x: Operand, gy: Operand, gf: Operand) -> None:
+        """Per group: grad_filter_g^T (CRSg x Kg) = the sum over images of cols_g (CRSg x S) @
+        grad_out_g^T (S x Kg): one GEMM with k = images * S per chunk, accumulated (beta = 1)."""
+        size = p.dtype.itemsize
+        vw, nr = GEMM_TILE[p.dtype]
+        mr = 2 * vw
+        crs, spatial, kg = p.cg * p.fh * p.fw, p.oh * p.ow, p.kg
+        a_panels, b_panels = ceil_div(crs, mr), ceil_div(kg, nr)
+        pack_a = self._conv_kernel("pack_a_cols_t", p.dtype)
+        pack_b = self._conv_kernel("pack_b_grad_out", p.dtype)
+        per_image = (a_panels * mr + b_panels * nr) * spatial * size
+        for g in range(p.groups):
             for n0, n1 in self._image_chunks(p.n, per_image):
                 images = n1 - n0
                 kk = images * spatial
-                ap = self._scratch_buffer("ap", a_panels * mr * kk * 4)
-                bp = self._scratch_buffer("bp", b_panels * nr * kk * 4)
+                ap = self._scratch_buffer("ap", a_panels * mr * kk * size)
+                bp = self._scratch_buffer("bp", b_panels * nr * kk * size)
                 self._launch(
                     pack_a, (kk, a_panels), None,
-                    x.buffer, I64(x.offset), I64(n0), I32(images), *self._conv_dims(p), ap,
+                    x.buffer, I64(x.offset), I64(n0), I32(images), *self._dims(p, g * p.cg), ap,
                 )  # fmt: skip
                 self._launch(
                     pack_b, (kk, b_panels), None,
-                    gy.buffer, I64(gy.offset), I64(n0), I32(images), I32(p.k), I32(p.oh), I32(p.ow), bp,
+                    gy.buffer, I64(gy.offset), I64(n0), I32(images), I32(g * kg), I32(kg), I32(p.k),
+                    I32(p.oh), I32(p.ow), bp,
                 )  # fmt: skip
+                out = Operand(gf.buffer, gf.offset + g * kg * crs)
                 beta = 0.0 if n0 == 0 else 1.0
-                self._panels(F32, (crs, p.k, kk), 1.0, beta, 1, (ap, 0), (bp, 0), gf, 0, crs)
+                self._panels(p.dtype, (crs, kg, kk), 1.0, beta, 1, (ap, 0), (bp, 0), out, 0, crs)
