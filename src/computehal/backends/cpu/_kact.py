@@ -18,10 +18,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numba
 import numpy as np
 
 from ._kmath import _sigmoid, _tanh
+from ._nb import jit
 
 __all__ = ["erf_into", "gelu_into", "gelu_tanh_into", "silu_into", "leaky_relu_into", "clip_into", "warm_up"]
 
@@ -43,12 +43,7 @@ _TANH_C = np.float32(0.044715)
 _F = np.float32
 
 
-def _jit(fn: Any) -> Any:
-    options: dict[str, Any] = dict(nogil=True, error_model="numpy", fastmath={"contract"})
-    try:
-        return numba.njit(cache=True, **options)(fn)
-    except RuntimeError:  # no writable cache location
-        return numba.njit(cache=False, **options)(fn)
+_jit = jit
 
 
 @_jit

@@ -15,20 +15,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import numba
 import numpy as np
 
 from ._kmath import _as_float, _as_int
+from ._nb import jit
 
 __all__ = ["f32_to_f16", "f16_to_f32", "f32_to_bf16", "bf16_to_f32", "warm_up"]
 
 
-def _jit(fn: Any) -> Any:
-    options: dict[str, Any] = dict(nogil=True, error_model="numpy")
-    try:
-        return numba.njit(cache=True, **options)(fn)
-    except RuntimeError:  # no writable cache location
-        return numba.njit(cache=False, **options)(fn)
+_jit = jit
 
 
 @_jit

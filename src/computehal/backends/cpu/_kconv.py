@@ -13,22 +13,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import numba
 import numpy as np
 
 from ._kpool import column_plan, tap_range
+from ._nb import jit
 
 __all__ = ["depthwise_planes", "warm_up"]
 
 _U = np.uint64
 
 
-def _jit(fn: Any) -> Any:
-    options: dict[str, Any] = dict(nogil=True, error_model="numpy", fastmath={"contract"})
-    try:
-        return numba.njit(cache=True, **options)(fn)
-    except RuntimeError:  # no writable cache location
-        return numba.njit(cache=False, **options)(fn)
+_jit = jit
 
 
 @_jit

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import numba
 import numpy as np
 
-from ._nb import transpose8
+from ._nb import jit, transpose8
 
 __all__ = ["TILE", "copy_tiled", "transpose_f32", "warm_up"]
 
@@ -24,12 +23,7 @@ __all__ = ["TILE", "copy_tiled", "transpose_f32", "warm_up"]
 TILE = 64
 
 
-def _jit(fn: Any) -> Any:
-    options: dict[str, Any] = dict(nogil=True, error_model="numpy")
-    try:
-        return numba.njit(cache=True, **options)(fn)
-    except RuntimeError:  # no writable cache location
-        return numba.njit(cache=False, **options)(fn)
+_jit = jit
 
 
 @_jit

@@ -18,27 +18,17 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numba
 import numpy as np
+
+from ._nb import jit, jit_reassoc
 
 __all__ = ["norm_rows", "affine_planes", "lrn_planes", "warm_up"]
 
 
-def _compiled(fastmath: set[str]) -> Any:
-    def decorate(fn: Any) -> Any:
-        options: dict[str, Any] = dict(nogil=True, error_model="numpy", fastmath=fastmath)
-        try:
-            return numba.njit(cache=True, **options)(fn)
-        except RuntimeError:  # no writable cache location
-            return numba.njit(cache=False, **options)(fn)
-
-    return decorate
-
-
-_jit = _compiled({"contract"})
+_jit = jit
 #: Kernels with sums: reassociation lets LLVM keep a vector of partial sums (no NaN or
 #: infinity assumption is made).
-_sums = _compiled({"contract", "reassoc"})
+_sums = jit_reassoc
 _U = np.uint64
 
 

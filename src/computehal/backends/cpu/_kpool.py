@@ -23,6 +23,8 @@ from typing import Any
 import numba
 import numpy as np
 
+from ._nb import jit, jit_reassoc
+
 __all__ = ["global_planes", "pool_planes", "tap_range", "tap_range_cols", "column_plan", "warm_up"]
 
 _U = np.uint64
@@ -39,9 +41,9 @@ def _compiled(**extra: Any) -> Any:
     return decorate
 
 
-_jit = _compiled()
+_jit = jit
 #: Reductions: reassociation lets LLVM keep a vector of partial results (no NaN assumption).
-_reduce = _compiled(fastmath={"reassoc"})
+_reduce = jit_reassoc
 #: Helpers called inside the loops: inlined by numba (a call passing arrays costs reference counting).
 _inline = _compiled(inline="always")
 
