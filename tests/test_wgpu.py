@@ -319,11 +319,17 @@ def test_16bit_storage_runs_every_op_through_float32(be: Any) -> None:
 
 
 def _ulps(got: Array, want: Array) -> float:
-    w32 = want.astype(np.float32).astype(np.float64)
+    """Largest error in float32 ulps (2**-23 relative) of normal results; NaN, infinities exact,
+    subnormal results within a few of their fixed steps."""
+    with np.errstate(over="ignore"):
+        w32 = want.astype(np.float32).astype(np.float64)
     assert np.array_equal(np.isnan(got), np.isnan(w32))
-    fin = np.isfinite(w32) & (np.abs(w32) > 1e-37)
-    assert np.array_equal(got[~fin & ~np.isnan(w32)], w32[~fin & ~np.isnan(w32)])
-    return float((np.abs(got[fin] - want[fin]) / np.abs(want[fin])).max() / 2.0**-23)
+    inf = np.isinf(w32)
+    assert np.array_equal(got[inf], w32[inf])
+    tiny = np.isfinite(w32) & (np.abs(w32) < 2.0**-126)
+    assert np.all(np.abs(got[tiny] - want[tiny]) <= 4 * 2.0**-149)
+    normal = np.isfinite(w32) & ~tiny
+    return float((np.abs(got[normal] - want[normal]) / np.abs(want[normal])).max() / 2.0**-23)
 
 
 def test_erf_gelu_silu_are_accurate(be: Any) -> None:
@@ -354,14 +360,14 @@ def test_pow_follows_c(be: Any) -> None:
         (-np.inf, -3.0), (-1.0, np.inf), (0.5, np.inf), (2.0, -np.inf), (np.nan, 0.0), (1.0, np.nan),
         (-8.0, 1 / 3), (-2.0, 3.0), (-2.0, 2.0), (np.nan, 1.0), (2.0, np.nan), (-1.5, 1e30), (1e-40, 0.5),
     ]  # fmt: skip
-    a = np.concatenate([rng.uniform(0, 10, 3000), 10 ** rng.uniform(-40, 38, 3000), [p[0] for p in pairs]])
-    b = np.concatenate([rng.uniform(-3, 3, 3000), rng.uniform(-1, 1, 3000), [p[1] for p in pairs]])
+    a = np.concatenate([rng.uniform(0.5, 2, 3000), 10 ** rng.uniform(-44, 38, 3000), [p[0] for p in pairs]])
+    b = np.concatenate([rng.uniform(-120, 120, 3000), rng.uniform(-1, 1, 3000), [p[1] for p in pairs]])
     a, b = a.astype(F32), b.astype(F32)
     pa, pb, po = put(be, a), put(be, b), be.alloc(a.nbytes)
     be.binary("pow", pa, pb, po, a.size)
     with np.errstate(all="ignore"):
         want = np.power(a.astype(np.float64), b.astype(np.float64))
-    assert _ulps(get(be, po, a.size).astype(np.float64), want) <= 16
+    assert _ulps(get(be, po, a.size).astype(np.float64), want) <= 4  # whatever |y * log2 x|
     for p in (pa, pb, po):
         be.free(p)
 
