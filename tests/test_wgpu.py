@@ -332,23 +332,38 @@ def _ulps(got: Array, want: Array) -> float:
     return float((np.abs(got[normal] - want[normal]) / np.abs(want[normal])).max() / 2.0**-23)
 
 
-def test_erf_gelu_silu_are_accurate(be: Any) -> None:
+def test_erf_gelu_silu_sin_cos_are_accurate(be: Any) -> None:
     import scipy.special
 
-    x = np.concatenate([np.linspace(-12, 12, 20001), [np.nan, np.inf, -np.inf, 0, -0.0, 1e-30]]).astype(F32)
+    rng = np.random.default_rng(12)
+    huge = 10 ** rng.uniform(-40, 38.5, 4000) * rng.choice([-1, 1], 4000)
+    specials = [np.nan, np.inf, -np.inf, 0, -0.0, 1e-30, 3e38, -3e38, 1e30, 3.1415927, 102940.04]
+    x = np.concatenate([np.linspace(-12, 12, 20001), huge, specials]).astype(F32)
     x64 = x.astype(np.float64)
     px, po = put(be, x), be.alloc(x.nbytes)
     with np.errstate(all="ignore"):
         refs = {
             "erf": (scipy.special.erf(x64), 4),
             "gelu": (0.5 * x64 * scipy.special.erfc(-x64 / np.sqrt(2)), 8),
-            "silu": (x64 / (1 + np.exp(-x64)), 8),
+            "silu": (x64 * scipy.special.expit(x64), 8),
+            "sin": (np.sin(x64), 4),  # exact range reduction: also for 3e38
+            "cos": (np.cos(x64), 4),
         }
     for op, (want, ulps) in refs.items():
         be.unary(op, px, po, x.size)
         if op in ("gelu", "silu"):
             want[np.isneginf(x64)] = np.nan  # -inf * 0
         assert _ulps(get(be, po, x.size).astype(np.float64), want) <= ulps, op
+    # GELU_TANH: x sigmoid(t), t = 2 sqrt(2/pi) (x + 0.044715 x^3) rounded to float32 on the way,
+    # so the error grows with |t| as for the sigmoid.
+    t = 2 * np.sqrt(2 / np.pi) * (x64 + 0.044715 * x64**3)
+    with np.errstate(all="ignore"):
+        want = x64 * scipy.special.expit(t)
+    be.unary("gelu_tanh", px, po, x.size)
+    got = get(be, po, x.size).astype(np.float64)
+    normal = np.isfinite(want) & (np.abs(want) >= 2.0**-126)
+    rel = np.abs(got[normal] - want[normal]) / np.abs(want[normal])
+    assert np.all(rel <= (8 + 2 * np.abs(t[normal])) * 2.0**-23)
     be.free(px)
     be.free(po)
 

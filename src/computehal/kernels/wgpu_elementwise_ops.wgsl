@@ -96,11 +96,7 @@ fn apply_unary(op: u32, x: f32, alpha: f32, lo: f32, hi: f32) -> f32 {
             return x * x;
         }
         case UNARY_SIN, UNARY_COS: {
-            // sin / cos of +-inf are NaN (the builtins need not say so).
-            if (!is_finite(x)) {
-                return f32_nan();
-            }
-            return select(cos(x), sin(x), op == UNARY_SIN);
+            return sin_cos(x, op == UNARY_COS);
         }
         case UNARY_LEAKY_RELU: {
             if (is_nan(x)) {

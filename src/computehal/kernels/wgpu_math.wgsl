@@ -1,6 +1,7 @@
 // Special functions for the element-wise kernels, accurate to a few ulp in float32.
 //
-// WGSL has no erf, and its exp() / pow() lose accuracy in proportion to the size of
+// WGSL has no erf, its sin() / cos() may reduce large arguments in single precision,
+// and its exp() / pow() lose accuracy in proportion to the size of
 // the argument (exp(a) is exp2(a * log2 e), pow(x, y) is exp2(y * log2 x), each
 // argument rounded to float32). Compilers may also reassociate additions and evaluate
 // fma() unfused, so error-free transformations built from additions (two-sum) do not
@@ -21,19 +22,24 @@ fn scale2(a: f32, n: i32) -> f32 {
     return a * bitcast<f32>(u32(n1 + 127) << 23u) * bitcast<f32>(u32(n2 + 127) << 23u);
 }
 
-// exp(a) with the range reduced exactly: a = n ln2 + f with n * 0.693359375 exact and
-// a - n * 0.693359375 exact (the two are within ln2 of each other), so the error does
-// not grow with |a| as the builtin's does.
-fn exp_reduced(a: f32) -> f32 {
-    if (a < -104.0) {
-        return 0.0;
-    }
-    if (a > 89.0) {
-        return f32_inf();
+// c * exp(a) with the range reduced exactly: a = n ln2 + f with n * 0.693359375 exact
+// and a - n * 0.693359375 exact (the two are within ln2 of each other), so the error
+// does not grow with |a| as the builtin's does; 2^n is applied last, so a result in the
+// subnormal range is rounded once.
+fn mul_exp(c: f32, a: f32) -> f32 {
+    if (a < -300.0) {
+        return c * 0.0;
     }
     let n = round(a * 1.4426950408889634);
     let f = (a - n * 0.693359375) + n * 2.12194440e-4;
-    return scale2(exp(f), i32(n));
+    return scale2(c * exp(f), i32(n));
+}
+
+fn exp_reduced(a: f32) -> f32 {
+    if (a > 89.0) {
+        return f32_inf();
+    }
+    return mul_exp(1.0, a);
 }
 
 // erfc(z) for z >= 0 given z * z = sq + sq_lo exactly (Numerical Recipes' erfcc,
@@ -99,7 +105,16 @@ fn gelu(x: f32) -> f32 {
     return 0.5 * x * select(2.0 - c, c, x < 0.0);
 }
 
-// GELU (tanh form) 0.5 x (1 + tanh(u)) = x / (1 + exp(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3).
+// c / (1 + exp(-t)) for finite t, as c exp(t) / (1 + exp(t)) below 0 so that exp never
+// overflows and a result in the subnormal range keeps its accuracy.
+fn times_logistic(c: f32, t: f32) -> f32 {
+    if (t >= 0.0) {
+        return c / (1.0 + exp_reduced(-t));
+    }
+    return mul_exp(c, t) / (1.0 + exp_reduced(t));
+}
+
+// GELU (tanh form) 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3).
 fn gelu_tanh(x: f32) -> f32 {
     if (is_nan(x)) {
         return x;
@@ -108,10 +123,10 @@ fn gelu_tanh(x: f32) -> f32 {
         return select(f32_nan(), x, x > 0.0);
     }
     let u = 0.7978845608028654 * (x + 0.044715 * x * x * x);
-    return x / (1.0 + exp_reduced(-2.0 * u));
+    return times_logistic(x, 2.0 * u);
 }
 
-// SiLU x * sigmoid(x) = x / (1 + exp(-x)); -inf gives NaN (-inf * 0) as IEEE does.
+// SiLU x * sigmoid(x); -inf gives NaN (-inf * 0) as IEEE does.
 fn silu(x: f32) -> f32 {
     if (is_nan(x)) {
         return x;
@@ -119,7 +134,7 @@ fn silu(x: f32) -> f32 {
     if (is_inf(x)) {
         return select(f32_nan(), x, x > 0.0);
     }
-    return x / (1.0 + exp_reduced(-x));
+    return times_logistic(x, x);
 }
 
 fn is_odd_integer(y: f32) -> bool {
@@ -262,4 +277,139 @@ fn pow_ieee(x: f32, y: f32) -> f32 {
         return f32_nan();
     }
     return bitcast<f32>(sign | bitcast<u32>(pow_positive(ax, y)));
+}
+
+// ---------------------------------------------------------------- sin / cos
+//
+// Builtin sin / cos reduce large arguments in single precision (sin(1e30) can come out
+// as 1). Here x = r + q pi/2 is reduced exactly in integers (Payne-Hanek): the 24-bit
+// mantissa times a 96-bit window of 2/pi chosen by the exponent gives q mod 4 and 64
+// bits of the fraction, so r is right to float32 precision for every finite x. Then
+// minimax polynomials on |r| <= pi/4 (Cephes' sinf / cosf).
+
+// 2/pi in binary, 32 bits a word, most significant first.
+const TWO_OVER_PI = array<u32, 9>(
+    0xa2f9836eu, 0x4e441529u, 0xfc2757d1u, 0xf534ddc0u, 0xdb629599u,
+    0x3c439041u, 0xfe5163abu, 0xdebbc561u, 0xb7246e3au,
+);
+
+// Bits [b, b + 32) of 2/pi's fraction (bit 0 is the 1/2 place).
+fn two_over_pi_bits(b: u32) -> u32 {
+    var table = TWO_OVER_PI;
+    let w = b / 32u;
+    let off = b % 32u;
+    if (off == 0u) {
+        return table[w];
+    }
+    return (table[w] << off) | (table[w + 1u] >> (32u - off));
+}
+
+// The 56-bit product of a 24-bit m and a 32-bit w as (high word, low word).
+fn mul_24_32(m: u32, w: u32) -> vec2<u32> {
+    let a0 = m & 0xffffu;
+    let a1 = m >> 16u;
+    let b0 = w & 0xffffu;
+    let b1 = w >> 16u;
+    let p00 = a0 * b0;
+    let mid = a0 * b1 + a1 * b0; // < 2^32: a1 has at most 8 bits
+    let lo = p00 + (mid << 16u);
+    let carry = select(0u, 1u, lo < p00);
+    return vec2<u32>(a1 * b1 + (mid >> 16u) + carry, lo);
+}
+
+// Bits [pos, pos + 32) of the 160-bit little-endian number p.
+fn bits_at(p: array<u32, 5>, pos: u32) -> u32 {
+    var q = p;
+    let w = pos / 32u;
+    let off = pos % 32u;
+    if (off == 0u) {
+        return q[w];
+    }
+    return (q[w] >> off) | (q[w + 1u] << (32u - off));
+}
+
+// |x| = r + q pi/2 with |r| <= pi/4, for finite |x| >= pi/4: (r, q mod 4 as a float).
+fn reduce_half_pi(ax: f32) -> vec2<f32> {
+    let bits = bitcast<u32>(ax);
+    let k = i32(bits >> 23u) - 150; // ax = m 2^k
+    let m = (bits & 0x007fffffu) | 0x00800000u;
+    // The 96 bits of 2/pi from bit s on; bits before s only add multiples of 4.
+    let s = u32(max(0, k - 2));
+    let w0 = two_over_pi_bits(s);
+    let w1 = two_over_pi_bits(s + 32u);
+    let w2 = two_over_pi_bits(s + 64u);
+    // p = m * (w0 w1 w2): 120 bits, little-endian words.
+    let t2 = mul_24_32(m, w2);
+    let t1 = mul_24_32(m, w1);
+    let t0 = mul_24_32(m, w0);
+    let p1 = t2.x + t1.y;
+    let c1 = select(0u, 1u, p1 < t2.x);
+    let p2a = t1.x + t0.y;
+    let c2a = select(0u, 1u, p2a < t1.x);
+    let p2 = p2a + c1;
+    let c2 = c2a + select(0u, 1u, p2 < p2a);
+    let p3 = t0.x + c2;
+    let p = array<u32, 5>(t2.y, p1, p2, p3, 0u);
+    // value = p / 2^sh with sh = 96 + s - k (the window's last bit is 2^-(s + 96)).
+    let sh = u32(96 + i32(s) - k);
+    var q = bits_at(p, sh) & 3u;
+    var hi = bits_at(p, sh - 32u);
+    var lo = bits_at(p, sh - 64u);
+    var sign = 1.0;
+    if ((hi & 0x80000000u) != 0u) {
+        // Fraction >= 1/2: take the next quadrant and the negated fraction.
+        q = (q + 1u) & 3u;
+        hi = ~hi;
+        lo = ~lo;
+        lo += 1u;
+        hi += select(0u, 1u, lo == 0u);
+        sign = -1.0;
+    }
+    // The 64-bit fraction (hi, lo) / 2^64 as a float32.
+    var f: f32;
+    if (hi != 0u) {
+        let z = countLeadingZeros(hi);
+        let top = select(hi, (hi << z) | (lo >> (32u - z)), z != 0u);
+        f = scale2(f32(top >> 8u), i32(z) * -1 - 24);
+    } else {
+        let z = countLeadingZeros(lo);
+        f = scale2(f32((lo << z) >> 8u), -56 - i32(z));
+    }
+    return vec2<f32>(sign * f * 1.5707963267948966, f32(q));
+}
+
+fn sin_poly(r: f32) -> f32 {
+    let z = r * r;
+    return r + r * z * (-1.6666654611e-1 + z * (8.3321608736e-3 + z * -1.9515295891e-4));
+}
+
+fn cos_poly(r: f32) -> f32 {
+    let z = r * r;
+    return 1.0 - 0.5 * z + z * z * (4.166664568298827e-2 + z * (-1.388731625493765e-3 + z * 2.443315711809948e-5));
+}
+
+// sin (want_cos false) or cos of x; NaN for NaN and +-inf.
+fn sin_cos(x: f32, want_cos: bool) -> f32 {
+    if (!is_finite(x)) {
+        return f32_nan();
+    }
+    let ax = abs(x);
+    var r = ax;
+    var q = 0u;
+    if (ax > 0.78539816) {
+        let red = reduce_half_pi(ax);
+        r = red.x;
+        q = u32(red.y);
+    }
+    if (want_cos) {
+        q = (q + 1u) & 3u; // cos(x) = sin(|x| + pi/2)
+    }
+    var v = select(sin_poly(r), cos_poly(r), (q & 1u) == 1u);
+    if (q >= 2u) {
+        v = -v;
+    }
+    if (!want_cos && x < 0.0) {
+        v = -v;
+    }
+    return v;
 }
