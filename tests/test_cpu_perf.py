@@ -274,3 +274,63 @@ def test_pointwise_convolutions_match_direct_definition(stride: int, dtype: Any)
     want_gf = np.einsum("nkhw,nchw->kc", gy.astype(np.float64), sub)
     mag_gf = np.einsum("nkhw,nchw->kc", np.abs(gy).astype(np.float64), np.abs(sub))
     assert np.all(np.abs(gf.reshape(k, c) - want_gf) <= 2 * (n * oh * ow + 2) * eps * mag_gf)
+
+
+# --------------------------------------------------------------------------- softmax kernels
+
+
+def _softmax64(x: Any, axis: int, log: bool) -> Any:
+    with np.errstate(all="ignore"):
+        x64 = x.astype(np.float64)
+        peak = np.max(x64, axis=axis, keepdims=True)
+        e = np.exp(x64 - peak)
+        total = e.sum(axis=axis, keepdims=True)
+        return (x64 - peak) - np.log(total) if log else e / total
+
+
+def _assert_softmax(got: Any, x: Any, axis: int, log: bool) -> None:
+    """The conformance kit's softmax tolerance (log-softmax: also relative to 1), NaN where NaN."""
+    want = _softmax64(x, axis, log)
+    with np.errstate(invalid="ignore"):
+        finite = np.nan_to_num(x.astype(np.float64), posinf=0.0, neginf=0.0)
+        spread = np.abs(finite - np.fmax.reduce(finite, axis=axis, keepdims=True))
+        scale = np.abs(np.nan_to_num(want)) + (1.0 if log else 0.0)
+        tol = EPS32 * (16 + 4 * x.shape[axis] + 4 * spread) * scale + 2.0**-126
+        ok = (np.abs(got - want) <= tol) | (np.isnan(got) & np.isnan(want)) | (got == want)
+    assert ok.all(), f"{(~ok).sum()} entries off, first at {np.argwhere(~ok)[0]}"
+
+
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("shape", [(7, 1000), (1000, 7), (33, 61), (64, 4096)], ids=str)
+def test_softmax_kernels_match_definition(shape: tuple[int, int], log: bool) -> None:
+    import computehal.backends.cpu._ksoftmax as S
+
+    rng = np.random.default_rng(17)
+    for magnitude in (1.0, 400.0):
+        x = (rng.standard_normal(shape) * magnitude).astype(F32)
+        rows = np.full_like(x, 7.0)
+        S.softmax_rows(x, rows, 0, shape[0], log, np.empty(shape[1], dtype=F32))
+        _assert_softmax(rows, x, 1, log)
+        cols = np.full_like(x, 7.0)
+        S.softmax_columns(x, cols, 0, shape[1], log, np.empty((5, shape[1]), dtype=F32))
+        _assert_softmax(cols, x, 0, log)
+        S.softmax_columns(x, cols, 3, shape[1], log, np.empty((5, shape[1]), dtype=F32))  # a column range
+        _assert_softmax(cols[:, 3:], x[:, 3:], 0, log)
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_kernels_special_values_and_in_place(log: bool) -> None:
+    import computehal.backends.cpu._ksoftmax as S
+
+    rng = np.random.default_rng(19)
+    x = rng.standard_normal((70, 45)).astype(F32)
+    x[3, :] = -np.inf  # an all -inf row: NaN
+    x[:, 5] = -np.inf  # an all -inf column: NaN
+    x[7, 7], x[9, 9], x[11, 12], x[20, 20] = np.nan, np.inf, -np.inf, -np.nan
+    x[:60, 30] = -np.inf  # -inf blocks, then finite values (the running sums restart)
+    x[40, 40] = 1e30  # a huge value among ordinary ones
+    rows, cols = x.copy(), x.copy()
+    S.softmax_rows(rows, rows, 0, 70, log, np.empty(45, dtype=F32))
+    _assert_softmax(rows, x, 1, log)
+    S.softmax_columns(cols, cols, 0, 45, log, np.empty((5, 45), dtype=F32))
+    _assert_softmax(cols, x, 0, log)

@@ -11,6 +11,8 @@
   :mod:`._runtime` applies). Compiled code calling it is cacheable, unlike a ctypes
   function pointer.
 * :func:`as_int`: the bits of a float32 as an int32 (a register bit-cast).
+* :func:`stream_scaled`: eight float32 products stored with a non-temporal hint
+  (no read-for-ownership of the destination line: a softmax's output is written once).
 * :func:`transpose8`: an 8 x 8 float32 block transposed in registers (eight vector
   loads, three stages of shuffles, eight vector stores), for the layout changes
   between NCHW and channels-last that LLVM's vectoriser would otherwise turn into
@@ -33,9 +35,22 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["jit", "jit_reassoc", "sgemm", "as_int", "transpose8", "NO", "YES"]
+__all__ = [
+    "jit",
+    "jit_reassoc",
+    "sgemm",
+    "as_int",
+    "as_float",
+    "order_key",
+    "prefetch",
+    "stream_scaled",
+    "transpose8",
+    "NO",
+    "YES",
+]
 
 
 def _compiled(fastmath: set[str]) -> Callable[[Callable[..., Any]], Any]:
@@ -108,6 +123,64 @@ def as_int(typingctx: Any, x: Any) -> Any:
     return types.int32(types.float32), codegen
 
 
+@intrinsic
+def as_float(typingctx: Any, x: Any) -> Any:
+    """The float32 whose bits are the low 32 bits of an integer."""
+    if not isinstance(x, types.Integer):
+        return None
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        value = args[0]
+        if x.bitwidth > 32:
+            value = builder.trunc(value, ir.IntType(32))
+        elif x.bitwidth < 32:
+            value = builder.sext(value, ir.IntType(32))
+        return builder.bitcast(value, ir.FloatType())
+
+    return types.float32(x), codegen
+
+
+@intrinsic
+def order_key(typingctx: Any, x: Any) -> Any:
+    """An int32 that orders like the float32 ``x`` (its own inverse, as bits of a float).
+
+    ``bits ^ ((bits >> 31) & 0x7FFFFFFF)`` in 32-bit integer arithmetic (numba would
+    widen it to 64 bits, which AVX2 cannot shift arithmetically in vectors). A NaN
+    sorts above +inf (sign bit clear) or below -inf (set).
+    """
+    if x not in (types.float32, types.int32):
+        return None
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        i32 = ir.IntType(32)
+        bits = args[0] if x == types.int32 else builder.bitcast(args[0], i32)
+        mask = builder.and_(builder.ashr(bits, i32(31)), i32(0x7FFFFFFF))
+        key = builder.xor(bits, mask)
+        return key if x == types.float32 else builder.bitcast(key, ir.FloatType())
+
+    return (types.int32 if x == types.float32 else types.float32)(x), codegen
+
+
+@intrinsic
+def prefetch(typingctx: Any, arr: Any, offset: Any) -> Any:
+    """Hint the CPU to bring element ``offset`` of a 1-D array into L2 (no fault if outside)."""
+    if not isinstance(arr, types.Array) or not isinstance(offset, types.Integer):
+        return None
+    sig = types.void(arr, offset)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        off = context.cast(builder, args[1], signature.args[1], types.intp)
+        address = builder.bitcast(builder.gep(ary.data, [off]), ir.IntType(8).as_pointer())
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [address.type, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        builder.call(fn, [address, i32(0), i32(2), i32(1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 @jit
 def sgemm(ta, tb, m, n, k, alpha, a, a_off, lda, b, b_off, ldb, beta, c, c_off, ldc):
     """Column-major ``C = alpha op(A) op(B) + beta C`` on float32 arrays at element offsets.
@@ -177,6 +250,40 @@ def transpose8(
         for j in range(8):
             at = builder.gep(target.data, [builder.add(do, builder.mul(ds, ir.Constant(i64, j)))])
             builder.store(cols[j], builder.bitcast(at, vec.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def stream_scaled(typingctx: Any, src: Any, s_off: Any, factor: Any, dst: Any, d_off: Any) -> Any:
+    """``dst[d_off + i] = src[s_off + i] * factor`` for ``i < 8``, stored non-temporally.
+
+    ``dst + d_off`` must be 32-byte aligned; ``src`` and ``dst`` are 1-D float32 arrays.
+    """
+    f32 = types.float32
+    if not all(isinstance(a, types.Array) and a.dtype == f32 and a.ndim == 1 for a in (src, dst)):
+        return None
+    if factor != f32 or not all(isinstance(a, types.Integer) for a in (s_off, d_off)):
+        return None
+    sig = types.void(src, s_off, factor, dst, d_off)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        vec = ir.VectorType(ir.FloatType(), 8)
+        source = context.make_array(signature.args[0])(context, builder, args[0])
+        target = context.make_array(signature.args[3])(context, builder, args[3])
+        so = context.cast(builder, args[1], signature.args[1], types.intp)
+        do = context.cast(builder, args[4], signature.args[4], types.intp)
+        at = builder.bitcast(builder.gep(source.data, [so]), vec.as_pointer())
+        values = builder.load(at, align=4)
+        scale = builder.insert_element(ir.Constant(vec, ir.Undefined), args[2], ir.IntType(32)(0))
+        scale = builder.shuffle_vector(scale, scale, ir.Constant(ir.VectorType(ir.IntType(32), 8), [0] * 8))
+        store = builder.store(
+            builder.fmul(values, scale),
+            builder.bitcast(builder.gep(target.data, [do]), vec.as_pointer()),
+            align=32,
+        )
+        store.set_metadata("nontemporal", builder.module.add_metadata([ir.IntType(32)(1)]))
         return context.get_dummy_value()
 
     return sig, codegen

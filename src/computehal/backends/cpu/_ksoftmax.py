@@ -1,0 +1,242 @@
+"""Compiled float32 softmax and log-softmax at the memory's speed (numba).
+
+Rows (the axis contiguous): each row is read from memory once and the output written
+once. Three passes run over it while it sits in L1 / L2: its maximum (order-preserving
+integer keys, which vectorise, and NaN found in the same pass), ``exp(x - max)`` stored
+to cached scratch and summed in the same loop, then the scaled values streamed to the
+output (non-temporal stores: no read of the output's lines). The next row is
+prefetched into L2 while the current one is computed on.
+
+Columns (the axis strided, ``inner > 1``): only whole row segments are read (a
+power-of-two row stride maps a column of cache lines onto a few cache sets, so
+column-panel algorithms thrash L1 / L2 and the TLB). A first pass folds blocks of
+:data:`BLOCK_ROWS` rows into running column maxima and sums of exponentials (online
+softmax: the sums are rescaled when a maximum grows), reading each block twice while
+it is in L2; a second pass writes the result: two reads and one write per element.
+
+The exponential (:func:`exp_le0`) takes ``x <= 0`` (or -inf), which is all softmax
+needs after subtracting the maximum: Cody-Waite range reduction, the degree-5 Cephes
+polynomial, and the power of two put into the exponent bits in one step (1.5 ULP;
+results below 2**-126.5 flush to zero, within the kit's ``TINY``). NaN semantics match
+the three-pass definition ``exp(x - max) / sum``: a row holding NaN or +inf, or only
+-inf, becomes NaN; -inf entries give exactly 0 (log-softmax: -inf).
+"""
+
+# The function bodies are numba nopython code: numba types them, and numba's stubs
+# cannot describe that to mypy.
+# mypy: ignore-errors
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._nb import as_float, as_int, jit, jit_reassoc, order_key, prefetch, stream_scaled
+
+__all__ = ["exp_le0", "softmax_rows", "softmax_columns", "BLOCK_ROWS", "warm_up"]
+
+_F = np.float32
+_LOG2E = _F(1.44269504088896341)
+_LN2_HI = _F(0.693359375)
+_LN2_LO = _F(-2.12194440e-4)
+_ROUND = _F(12582912.0)  # 1.5 * 2**23: adding it rounds to an integer (ties to even)
+_ROUND_BITS = np.int64(0x4B400000)
+_FLUSH = _F(-87.68)  # below -126.5 ln 2 the result is flushed to zero
+_E0 = _F(5.0000001201e-1)
+_E1 = _F(1.6666665459e-1)
+_E2 = _F(4.1665795894e-2)
+_E3 = _F(8.3334519073e-3)
+_E4 = _F(1.3981999507e-3)
+_E5 = _F(1.9875691500e-4)
+_ONE = _F(1.0)
+_HALF = _F(0.5)
+_ZERO = _F(0.0)
+_NAN = _F(np.nan)
+_INF = _F(np.inf)
+_KEY_INF = np.int32(0x7F800000)  # order key of +inf (its own bits)
+_KEY_NEG_INF = np.int32(-0x7F800001)  # order key of -inf (0xFF800000 ^ 0x7FFFFFFF)
+
+#: Rows per block of the column softmax's first pass (read twice while in L2).
+BLOCK_ROWS = 32
+
+
+@jit
+def exp_le0(x):
+    """``exp(x)`` for float32 ``x <= 0`` (or -inf); NaN is not handled (the callers check rows)."""
+    t = x * _LOG2E + _ROUND
+    nf = t - _ROUND
+    n = np.int64(as_int(t)) - _ROUND_BITS
+    r = x - nf * _LN2_HI
+    r = r - nf * _LN2_LO
+    p = (((((_E5 * r + _E4) * r + _E3) * r + _E2) * r + _E1) * r + _E0) * (r * r) + r + _ONE
+    # 2**n in one step: (n + 1) added to p's exponent keeps it normal down to n = -126,
+    # and the halving rounds the subnormal results once.
+    scaled = as_float(np.int64(as_int(p)) + ((n + 1) << 23)) * _HALF
+    return scaled if x >= _FLUSH else _ZERO
+
+
+@jit
+def exp_le0_nan(x):
+    """:func:`exp_le0` that also carries NaN through."""
+    e = exp_le0(x)
+    return e if x >= _FLUSH else (_ZERO if x < _FLUSH else x)
+
+
+@jit
+def _row_keys(row):
+    """Largest and smallest order keys (:func:`._nb.order_key`) of a float32 row, in one pass."""
+    hi = order_key(-_INF)
+    lo = order_key(_INF)
+    for i in range(row.shape[0]):
+        key = order_key(row[i])
+        hi = key if key > hi else hi
+        lo = key if key < lo else lo
+    return hi, lo
+
+
+@jit_reassoc
+def _exp_sum(row, out, peak, store):
+    """``out[i] = exp(row[i] - peak)`` (when ``store``) and the sum of those values."""
+    total = _ZERO
+    if store:
+        for i in range(row.shape[0]):
+            e = exp_le0(row[i] - peak)
+            out[i] = e
+            total += e
+    else:
+        for i in range(row.shape[0]):
+            total += exp_le0(row[i] - peak)
+    return total
+
+
+@jit
+def _scale_into(src, dst, factor):
+    """``dst = src * factor``: streaming stores on the 32-byte aligned body of ``dst``."""
+    n = dst.shape[0]
+    head = min(n, ((32 - dst.ctypes.data % 32) % 32) // 4)
+    for i in range(head):
+        dst[i] = src[i] * factor
+    body = head + (n - head) // 8 * 8
+    for i in range(head, body, 8):
+        stream_scaled(src, i, factor, dst, i)
+    for i in range(body, n):
+        dst[i] = src[i] * factor
+
+
+@jit
+def _shift(row, out, peak, offset):
+    for i in range(row.shape[0]):
+        out[i] = (row[i] - peak) - offset
+
+
+@jit
+def _softmax_row(src, dst, log, scratch):
+    """(Log-)softmax of one row into ``dst`` (which may be ``src``); ``scratch`` holds a row."""
+    hi, lo = _row_keys(src)
+    # NaN (a key beyond +-inf), +inf, or a row of only -inf: the definition makes the
+    # whole row NaN.
+    if hi >= _KEY_INF or hi == _KEY_NEG_INF or lo < _KEY_NEG_INF:
+        dst[:] = _NAN
+        return
+    peak = order_key(hi)
+    if log:
+        total = _exp_sum(src, scratch, peak, False)
+        _shift(src, dst, peak, _F(np.log(total)))
+    else:
+        # The exponentials go to cached scratch; the output is written once, streaming.
+        total = _exp_sum(src, scratch, peak, True)
+        _scale_into(scratch, dst, _ONE / total)
+
+
+@jit
+def softmax_rows(x, out, first, last, log, scratch):
+    """(Log-)softmax along axis 1 of rows ``[first, last)`` of C-contiguous ``[rows, length]`` float32.
+
+    ``out`` may be ``x``; ``scratch`` is float32 of at least ``length``. Each next row is
+    prefetched while the current one is computed.
+    """
+    length = x.shape[1]
+    flat = x.reshape(-1)
+    row = scratch[:length]
+    for r in range(first, last):
+        if r + 1 < last:
+            base = (r + 1) * length
+            for i in range(0, length, 16):
+                prefetch(flat, base + i)
+        _softmax_row(x[r], out[r], log, row)
+
+
+@jit
+def _block_max(x, r0, r1, c0, c1, peak):
+    """``peak[j] = max(x[r0:r1, c0 + j])``, NaN ignored (-inf if none)."""
+    peak[:] = -_INF
+    for r in range(r0, r1):
+        row = x[r, c0:c1]
+        for j in range(row.shape[0]):
+            v = row[j]
+            peak[j] = v if v > peak[j] else peak[j]
+
+
+@jit
+def _rescale(best, block, total, safe):
+    """Fold a block's maxima into the running ones, rescaling the running sums to the new maxima."""
+    for j in range(best.shape[0]):
+        new = block[j] if block[j] > best[j] else best[j]
+        old = best[j] if best[j] > -_INF else _ZERO
+        fresh = new if new > -_INF else _ZERO
+        total[j] = total[j] * exp_le0_nan(old - fresh) if total[j] != _ZERO else total[j]
+        best[j] = new
+        safe[j] = fresh
+
+
+@jit
+def _add_exps(x, r0, r1, c0, c1, safe, total):
+    for r in range(r0, r1):
+        row = x[r, c0:c1]
+        for j in range(row.shape[0]):
+            total[j] += exp_le0_nan(row[j] - safe[j])
+
+
+@jit
+def softmax_columns(x, out, c0, c1, log, work):
+    """(Log-)softmax along axis 0 of columns ``[c0, c1)`` of C-contiguous ``[length, width]`` float32.
+
+    Two passes of whole row segments (no strided access): blocks of :data:`BLOCK_ROWS`
+    rows fold their column maxima and sums of exponentials into running ones (each
+    block read twice while it is in L2), then one pass writes the result. ``work`` is
+    float32 scratch of [5, c1 - c0]; ``out`` may be ``x``.
+    """
+    length = x.shape[0]
+    w = c1 - c0
+    best, block, total, safe, factor = work[0, :w], work[1, :w], work[2, :w], work[3, :w], work[4, :w]
+    best[:] = -_INF
+    total[:] = _ZERO
+    for r0 in range(0, length, BLOCK_ROWS):
+        r1 = min(length, r0 + BLOCK_ROWS)
+        _block_max(x, r0, r1, c0, c1, block)
+        _rescale(best, block, total, safe)
+        _add_exps(x, r0, r1, c0, c1, safe, total)
+    for j in range(w):
+        # +inf or NaN in the column makes its sum NaN already; only -inf columns remain.
+        ok = best[j] > -_INF
+        if log:
+            factor[j] = _F(np.log(total[j])) if ok else _NAN
+        else:
+            factor[j] = _ONE / total[j] if ok else _NAN
+    for r in range(length):
+        src = x[r, c0:c1]
+        dst = out[r, c0:c1]
+        if log:
+            for j in range(w):
+                dst[j] = (src[j] - safe[j]) - factor[j]
+        else:
+            for j in range(w):
+                dst[j] = exp_le0_nan(src[j] - safe[j]) * factor[j]
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's cache) every kernel of this module now."""
+    x = np.zeros((9, 9), dtype=_F)
+    work = np.zeros((5, 9), dtype=_F)
+    for log in (False, True):
+        softmax_rows(x, x, 0, 9, log, work[0])
+        softmax_columns(x, x, 0, 9, log, work)
