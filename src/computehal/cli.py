@@ -358,6 +358,7 @@ def _split(values: list[str] | None) -> list[str] | None:
 #: is one line here.
 DELEGATED: dict[str, tuple[str, str]] = {
     "bench": ("computehal.bench", "benchmark a backend (computehal bench --help)"),
+    "run": ("computehal.onnx.cli", "run an ONNX model (computehal run --help)"),
 }
 
 

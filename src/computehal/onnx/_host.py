@@ -12,6 +12,7 @@ import warnings
 from typing import Any
 
 import numpy as np
+from onnx import helper
 
 from ..errors import InvalidArgumentError, UnsupportedError
 from ._ir import Node
@@ -41,7 +42,19 @@ class HostNode:
         self.node = node
         self.inputs = list(node.inputs)
         try:
-            self._evaluator = ReferenceEvaluator(node.to_proto(), opsets=dict(opsets))
+            # A one-node function carries the model's opset versions (a bare NodeProto would
+            # be evaluated with the newest version of its operator).
+            proto = node.to_proto()
+            imports = [helper.make_opsetid(domain, version) for domain, version in opsets.items()]
+            function = helper.make_function(
+                "computehal",
+                "host_node",
+                [n for n in node.inputs if n],
+                [n for n in node.outputs if n],
+                [proto],
+                imports,
+            )
+            self._evaluator = ReferenceEvaluator(function)
         except Exception as exc:  # noqa: BLE001 - an op the reference does not know
             raise UnsupportedError(f"{node.op} has no host implementation: {exc}") from None
 
@@ -53,7 +66,7 @@ class HostNode:
         try:
             with warnings.catch_warnings(), np.errstate(all="ignore"):
                 warnings.simplefilter("ignore")
-                results = self._evaluator.run(None, feeds)
+                results = self._evaluator.run(None, feeds, attributes={})
         except Exception as exc:  # noqa: BLE001 - bad values (shapes that disagree, ...)
             raise InvalidArgumentError(
                 f"node {self.node.name!r} ({self.node.op}) failed on the host: {type(exc).__name__}: {exc}"

@@ -152,6 +152,10 @@ class ExecutablePlan:
                 continue
             for instr in plan.instrs:
                 resolved = self._resolve_instr(instr, plan.where)
+                if isinstance(resolved, Upload):
+                    name = self.parts[plan.where].backend.name()
+                    label = f"{resolved.dst.storage.label} ({resolved.value.label})"
+                    self.borders.append(Border(label, "host", name, resolved.dst.nbytes))
                 self._ops.append((plan.where, resolved))
                 step = len(self._ops) - 1
                 for tensor in resolved.tensors():

@@ -104,7 +104,7 @@ def _infer(
     )
     opsets = [helper.make_opsetid(domain, version) for domain, version in g.opsets.items()]
     model = helper.make_model(graph, opset_imports=opsets)
-    model.ir_version = max(g.ir_version, 3)
+    model.ir_version = max(g.ir_version, 4)  # initializers need not be graph inputs from IR 4 on
     try:
         inferred = onnx.shape_inference.infer_shapes(
             model, check_type=False, strict_mode=False, data_prop=True
