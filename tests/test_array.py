@@ -1,4 +1,4 @@
-"""DeviceArray ownership, views and every array-level function against NumPy."""
+"""DeviceArray ownership, views and the seed's array-level functions against NumPy, on every backend."""
 
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ import pytest
 import computehal as ch
 from computehal import array as ca
 from computehal.array import DeviceArray
+from test_array_ops import check
 
 
 @pytest.fixture
-def be() -> Iterator[ch.CpuBackend]:
-    backend = ch.CpuBackend()
+def be(backend_factory: Any) -> Iterator[Any]:
+    """A fresh instance of each runnable backend (tests here count and close its allocations)."""
+    backend = backend_factory()
     backend.init()
     yield backend
     backend.close()
@@ -42,7 +44,7 @@ def test_attributes_of_new_arrays(be: ch.CpuBackend) -> None:
     assert a.strides == (48, 16, 4)
     assert a.nbytes == 96 and a.size == 24 and a.ndim == 3 and a.itemsize == 4
     assert a.backend is be
-    assert str(a.device) == "cpu:0"
+    assert str(a.device) == f"{be.name()}:0"
     assert a.ptr % 64 == 0
     assert a.base is None and a.is_contiguous and not a.freed
     z = ca.zeros((5,), be, dtype="float64")
@@ -331,7 +333,9 @@ def test_matmul_2d(be: ch.CpuBackend, rng: np.random.Generator, dtype: Any) -> N
     a = rng.standard_normal((5, 7)).astype(dtype)
     b = rng.standard_normal((7, 3)).astype(dtype)
     expected = np.einsum("ik,kj->ij", a.astype(np.float64), b.astype(np.float64))
-    got = ca.matmul(ch.asarray(a, be), ch.asarray(b, be))
+    got = check(be, "gemm", dtype, lambda: ca.matmul(ch.asarray(a, be), ch.asarray(b, be)))
+    if got is None:
+        return
     assert got.shape == (5, 3) and got.dtype == dtype
     tol = 1e-5 if dtype == np.float32 else 1e-12
     np.testing.assert_allclose(got.numpy(), expected, rtol=tol, atol=tol)
@@ -381,8 +385,9 @@ def test_matmul_batched(be: ch.CpuBackend, rng: np.random.Generator) -> None:
     )
     # Batched float64, via the operator.
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    got = ch.asarray(a64, be) @ ch.asarray(b64, be)
-    np.testing.assert_allclose(got.numpy(), np.einsum("bik,bkj->bij", a64, b64), rtol=1e-12)
+    got = check(be, "batched_gemm", "float64", lambda: ch.asarray(a64, be) @ ch.asarray(b64, be))
+    if got is not None:
+        np.testing.assert_allclose(got.numpy(), np.einsum("bik,bkj->bij", a64, b64), rtol=1e-12)
 
 
 def test_matmul_errors(be: ch.CpuBackend) -> None:

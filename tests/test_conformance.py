@@ -1,4 +1,4 @@
-"""Every conformance-kit case on every backend of ``BACKEND_FACTORIES``, one test each.
+"""Every conformance-kit case on every runnable backend (``conftest.runnable_backends``), one test each.
 
 Test ids read ``<backend>-<op>-<case>``, e.g. ``cpu-gemm-NT-ld``. The second half
 checks that the kit itself has teeth: deliberately broken backends must fail the
@@ -14,11 +14,11 @@ import pytest
 
 from computehal import Capabilities, ComputeBackend, CpuBackend, ForwardingBackend, NullBackend
 from computehal.testing import OPS, Case, conformance_cases, run_case, run_conformance
-from conftest import BACKEND_FACTORIES, live_count, use_shared
+from conftest import live_count, runnable_backends, use_shared
 
 CASES = conformance_cases()
 PARAMS = [
-    pytest.param(name, case, id=f"{name}-{case.id}") for name in sorted(BACKEND_FACTORIES) for case in CASES
+    pytest.param(name, case, id=f"{name}-{case.id}") for name in sorted(runnable_backends()) for case in CASES
 ]
 
 

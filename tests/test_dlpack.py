@@ -1,9 +1,14 @@
-"""DLPack export and import: zero-copy on the CPU backend, copies elsewhere."""
+"""DLPack export and import on every backend: zero-copy where memory is host memory, copies elsewhere.
+
+Backends are sorted by their own answer, ``dlpack_device()``: host-memory backends (the
+CPU backend) run the zero-copy tests; copy-only backends (OpenCL, wgpu, and ``Opaque``,
+a CPU backend that answers like them) run the copy tests.
+"""
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -11,15 +16,8 @@ import pytest
 
 import computehal as ch
 from computehal import array as ca
-from computehal.dlpack import DLDeviceType
-
-
-@pytest.fixture
-def be() -> Iterator[ch.CpuBackend]:
-    backend = ch.CpuBackend()
-    backend.init()
-    yield backend
-    backend.close()
+from computehal.dlpack import HOST_DEVICE_TYPES, DLDeviceType
+from conftest import BACKEND_FACTORIES, runnable_backends, shared_backend
 
 
 class Opaque(ch.ForwardingBackend):
@@ -42,15 +40,57 @@ class Opaque(ch.ForwardingBackend):
         raise ch.UnsupportedError("the opaque backend cannot borrow memory")
 
 
+def _memory_of(name: str) -> str:
+    backend = shared_backend(name)
+    if isinstance(backend, str):
+        return "copy"  # a required backend that cannot start: its tests fail when they ask for it
+    device = backend.dlpack_device()
+    if device is None:
+        return "copy"
+    return "host" if device[0] in HOST_DEVICE_TYPES else "device"
+
+
+HOST = sorted(n for n in runnable_backends() if _memory_of(n) == "host")
+COPY_ONLY = sorted(n for n in runnable_backends() if _memory_of(n) == "copy") + ["opaque"]
+
+
+def _factory(name: str) -> Callable[[], ch.ComputeBackend]:
+    if name == "opaque":
+        return lambda: Opaque(ch.CpuBackend())
+    return BACKEND_FACTORIES[name]
+
+
+def _fresh(name: str) -> Iterator[Any]:
+    backend = _factory(name)()
+    backend.init()
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(params=HOST)
+def be(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A fresh instance of each backend whose memory is host memory."""
+    yield from _fresh(request.param)
+
+
+@pytest.fixture(params=COPY_ONLY)
+def opaque(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A fresh instance of each backend whose memory leaves the device only by copy."""
+    yield from _fresh(request.param)
+
+
 @pytest.fixture
-def opaque(be: ch.CpuBackend) -> Opaque:
-    return Opaque(be)
+def cpu() -> Iterator[ch.CpuBackend]:
+    backend = ch.CpuBackend()
+    backend.init()
+    yield backend
+    backend.close()
 
 
-# --------------------------------------------------------------------------- export, CPU
+# --------------------------------------------------------------------------- export, host memory
 
 
-def test_export_to_numpy_shares_memory(be: ch.CpuBackend) -> None:
+def test_export_to_numpy_shares_memory(be: Any) -> None:
     a = ch.asarray(np.arange(12, dtype=np.float32).reshape(3, 4), be)
     assert a.__dlpack_device__() == (DLDeviceType.CPU, 0)
     view = np.from_dlpack(a)
@@ -64,7 +104,7 @@ def test_export_to_numpy_shares_memory(be: ch.CpuBackend) -> None:
     assert view.sum() == 12
 
 
-def test_export_of_strided_views(be: ch.CpuBackend) -> None:
+def test_export_of_strided_views(be: Any) -> None:
     host = np.arange(30, dtype=np.float64).reshape(5, 6)
     a = ch.asarray(host, be)
     keys: list[Any] = [(slice(1, 4), slice(None, None, 2)), (slice(None, None, -1), 3), (Ellipsis,)]
@@ -80,7 +120,7 @@ def test_export_of_strided_views(be: ch.CpuBackend) -> None:
     assert a.numpy()[4, 5] == -1
 
 
-def test_export_outlives_the_array(be: ch.CpuBackend) -> None:
+def test_export_outlives_the_array(be: Any) -> None:
     a = ch.asarray(np.arange(4, dtype=np.float32), be)
     view = np.from_dlpack(a)
     a.free()
@@ -90,7 +130,7 @@ def test_export_outlives_the_array(be: ch.CpuBackend) -> None:
         a.__dlpack__()
 
 
-def test_dlpack_arguments(be: ch.CpuBackend) -> None:
+def test_dlpack_arguments(be: Any) -> None:
     a = ch.asarray(np.arange(4, dtype=np.float32), be)
     versioned = a.__dlpack__(max_version=(1, 0))
     legacy = a.__dlpack__()
@@ -109,7 +149,7 @@ def test_dlpack_arguments(be: ch.CpuBackend) -> None:
         a.__dlpack__(dl_device="cpu")  # type: ignore[arg-type]
 
 
-def test_numpy_copy_false_is_a_view(be: ch.CpuBackend) -> None:
+def test_numpy_copy_false_is_a_view(be: Any) -> None:
     a = ch.asarray(np.zeros(3, np.float32), be)
     v = a.numpy(copy=False)
     v[1] = 4
@@ -120,10 +160,10 @@ def test_numpy_copy_false_is_a_view(be: ch.CpuBackend) -> None:
     assert np.shares_memory(np.asarray(a), v)
 
 
-# --------------------------------------------------------------------------- import, CPU
+# --------------------------------------------------------------------------- import, host memory
 
 
-def test_from_dlpack_borrows_host_memory(be: ch.CpuBackend) -> None:
+def test_from_dlpack_borrows_host_memory(be: Any) -> None:
     start = be.live_allocations()
     host = np.arange(8, dtype=np.float32).reshape(2, 4)
     d = ch.from_dlpack(host, be)
@@ -139,7 +179,7 @@ def test_from_dlpack_borrows_host_memory(be: ch.CpuBackend) -> None:
     host[0, 0] = 1
 
 
-def test_borrowed_range_is_unregistered_on_gc(be: ch.CpuBackend) -> None:
+def test_borrowed_range_is_unregistered_on_gc(be: Any) -> None:
     start = be.live_allocations()
     host = np.ones(16, np.float32)
     d = ch.from_dlpack(host, be)
@@ -150,13 +190,13 @@ def test_borrowed_range_is_unregistered_on_gc(be: ch.CpuBackend) -> None:
     np.testing.assert_allclose(y.numpy(), np.e, rtol=1e-6)
 
 
-def test_borrowed_memory_stays_alive_while_borrowed(be: ch.CpuBackend) -> None:
+def test_borrowed_memory_stays_alive_while_borrowed(be: Any) -> None:
     d = ch.from_dlpack(np.full(1000, 3, np.float32), be)  # the NumPy array has no other owner
     gc.collect()
     assert float(ca.sum(d).numpy()) == 3000
 
 
-def test_from_dlpack_copies_when_it_must(be: ch.CpuBackend) -> None:
+def test_from_dlpack_copies_when_it_must(be: Any) -> None:
     host = np.arange(12, dtype=np.float32).reshape(3, 4)
     strided = host[:, ::2]
     d = ch.from_dlpack(strided, be)
@@ -180,7 +220,7 @@ def test_from_dlpack_copies_when_it_must(be: ch.CpuBackend) -> None:
         ch.from_dlpack(object(), be)
 
 
-def test_round_trip_returns_a_view_of_the_same_allocation(be: ch.CpuBackend) -> None:
+def test_round_trip_returns_a_view_of_the_same_allocation(be: Any) -> None:
     a = ch.asarray(np.arange(6, dtype=np.float32), be)
     start = be.live_allocations()
     exported = np.from_dlpack(a)
@@ -196,7 +236,7 @@ def test_round_trip_returns_a_view_of_the_same_allocation(be: ch.CpuBackend) -> 
     assert not a.freed
 
 
-def test_from_dlpack_on_another_cpu_backend_borrows_independently(be: ch.CpuBackend) -> None:
+def test_from_dlpack_on_another_cpu_backend_borrows_independently(be: Any) -> None:
     a = ch.asarray(np.arange(3, dtype=np.float32), be)
     other = ch.CpuBackend()
     other.init()
@@ -211,10 +251,10 @@ def test_from_dlpack_on_another_cpu_backend_borrows_independently(be: ch.CpuBack
         other.close()
 
 
-# --------------------------------------------------------------------------- handle backends
+# --------------------------------------------------------------------------- copy-only backends
 
 
-def test_handle_backend_exports_by_copy(opaque: Opaque) -> None:
+def test_handle_backend_exports_by_copy(opaque: Any) -> None:
     a = ch.asarray(np.arange(6, dtype=np.float32).reshape(2, 3), opaque)
     assert a.__dlpack_device__() == (DLDeviceType.CPU, 0)
     host = np.from_dlpack(a)
@@ -230,7 +270,7 @@ def test_handle_backend_exports_by_copy(opaque: Opaque) -> None:
         np.asarray(a, copy=False)
 
 
-def test_handle_backend_imports_by_copy(opaque: Opaque, be: ch.CpuBackend) -> None:
+def test_handle_backend_imports_by_copy(opaque: Any, cpu: ch.CpuBackend) -> None:
     host = np.arange(4, dtype=np.float32)
     d = ch.from_dlpack(host, opaque)
     assert d.backend is opaque
@@ -239,11 +279,11 @@ def test_handle_backend_imports_by_copy(opaque: Opaque, be: ch.CpuBackend) -> No
     assert d.numpy().tolist() == [0, -1, -2, -3]
     with pytest.raises(BufferError):
         ch.from_dlpack(host, opaque, copy=False)
-    moved = ch.from_dlpack(d, be)  # handle backend -> CPU: a host copy, then borrowed
+    moved = ch.from_dlpack(d, cpu)  # copy-only backend -> CPU: a host copy, then borrowed
     assert moved.numpy().tolist() == [0, -1, -2, -3]
 
 
-def test_handle_backend_strided_writes_and_copies(opaque: Opaque) -> None:
+def test_handle_backend_strided_writes_and_copies(opaque: Any) -> None:
     a = ca.zeros((3, 4), opaque)
     a[:, 1].copy_from(np.array([1, 2, 3], np.float32))
     assert a.numpy()[:, 1].tolist() == [1, 2, 3]
@@ -255,7 +295,7 @@ def test_handle_backend_strided_writes_and_copies(opaque: Opaque) -> None:
 # --------------------------------------------------------------------------- PyTorch
 
 
-def test_torch_round_trip(be: ch.CpuBackend) -> None:
+def test_torch_round_trip(be: Any) -> None:
     torch = pytest.importorskip("torch")
     a = ch.asarray(np.arange(6, dtype=np.float32).reshape(2, 3), be)
     t = torch.from_dlpack(a)
@@ -266,7 +306,7 @@ def test_torch_round_trip(be: ch.CpuBackend) -> None:
     assert back.numpy().tolist() == [-1, -1, -1, -1]
 
 
-def test_example_numpy_network_runs(be: ch.CpuBackend, capsys: pytest.CaptureFixture[str]) -> None:
+def test_example_numpy_network_runs(be: Any, capsys: pytest.CaptureFixture[str]) -> None:
     import runpy
     from pathlib import Path
 
@@ -317,5 +357,5 @@ def test_cuda_zero_copy_round_trip() -> None:
         backend.close()
 
 
-def test_cuda_array_interface_absent_on_cpu(be: ch.CpuBackend) -> None:
+def test_cuda_array_interface_absent_on_cpu(be: Any) -> None:
     assert not hasattr(ch.asarray(np.zeros(2, np.float32), be), "__cuda_array_interface__")
