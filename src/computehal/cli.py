@@ -31,6 +31,7 @@ from typing import Any, TextIO
 
 from . import __version__
 from .backend import ComputeBackend
+from .backends import BACKENDS
 from .errors import BackendError
 from .probe import ProbeEntry, ProbeReport, probe
 from .registry import BackendKind
@@ -394,7 +395,10 @@ def build_parser() -> argparse.ArgumentParser:
     devices.add_argument("--refresh", action="store_true", help=argparse.SUPPRESS)
 
     check = commands.add_parser("check", help="run the conformance kit on the available backends")
-    check.add_argument("--backend", metavar="NAME", help="only this backend (e.g. cpu, opencl, cuda:1)")
+    names = ", ".join(spec.name for spec in BACKENDS)
+    check.add_argument(
+        "--backend", metavar="NAME", help=f"only this backend: {names} or a kind, optionally :DEVICE (cuda:1)"
+    )
     check.add_argument(
         "--op", action="append", metavar="OP", help="only this operation (repeat or comma-separate)"
     )
