@@ -41,6 +41,29 @@ def _batch_stride(name: str, x: DeviceArray) -> int:
     return stride // x.itemsize
 
 
+def _product_shape(a: DeviceArray, b: DeviceArray, out: DeviceArray | None) -> tuple[int, ...]:
+    """The shape of ``a @ b`` (checking operands, dtypes and shapes)."""
+    arrays(a=a, b=b, out=out)
+    if a.dtype.name not in FLOAT_DTYPES:
+        raise InvalidArgumentError(f"a has dtype {a.dtype}; matmul takes {', '.join(FLOAT_DTYPES)}")
+    if b.dtype != a.dtype:
+        raise InvalidArgumentError(f"a and b must have the same dtype, got {a.dtype} and {b.dtype}")
+    if a.ndim not in (2, 3) or b.ndim not in (2, 3):
+        raise InvalidArgumentError(
+            f"matmul takes 2-D or 3-D arrays, got shapes {a.shape} and {b.shape} (reshape vectors to "
+            "(1, k) or (k, 1))"
+        )
+    m, k = a.shape[-2:]
+    k2, n = b.shape[-2:]
+    if k != k2:
+        raise InvalidArgumentError(f"matmul shapes {a.shape} and {b.shape} do not align ({k} != {k2})")
+    batched = a.ndim == 3 or b.ndim == 3
+    batch = a.shape[0] if a.ndim == 3 else b.shape[0]
+    if a.ndim == 3 and b.ndim == 3 and a.shape[0] != b.shape[0]:
+        raise InvalidArgumentError(f"batch sizes differ: {a.shape[0]} and {b.shape[0]}")
+    return (batch, m, n) if batched else (m, n)
+
+
 def matmul(
     a: DeviceArray,
     b: DeviceArray,
@@ -72,25 +95,7 @@ def matmul(
     beta, C, ldc)``; column-major operands flip the corresponding transpose flag.
     Batches go to ``batched_gemm`` with element strides.
     """
-    arrays(a=a, b=b, out=out)
-    if a.dtype.name not in FLOAT_DTYPES:
-        raise InvalidArgumentError(f"a has dtype {a.dtype}; matmul takes {', '.join(FLOAT_DTYPES)}")
-    if b.dtype != a.dtype:
-        raise InvalidArgumentError(f"a and b must have the same dtype, got {a.dtype} and {b.dtype}")
-    if a.ndim not in (2, 3) or b.ndim not in (2, 3):
-        raise InvalidArgumentError(
-            f"matmul takes 2-D or 3-D arrays, got shapes {a.shape} and {b.shape} (reshape vectors to "
-            "(1, k) or (k, 1))"
-        )
-    m, k = a.shape[-2:]
-    k2, n = b.shape[-2:]
-    if k != k2:
-        raise InvalidArgumentError(f"matmul shapes {a.shape} and {b.shape} do not align ({k} != {k2})")
-    batched = a.ndim == 3 or b.ndim == 3
-    batch = a.shape[0] if a.ndim == 3 else b.shape[0]
-    if a.ndim == 3 and b.ndim == 3 and a.shape[0] != b.shape[0]:
-        raise InvalidArgumentError(f"batch sizes differ: {a.shape[0]} and {b.shape[0]}")
-    shape = (batch, m, n) if batched else (m, n)
+    shape = _product_shape(a, b, out)
     if out is None and beta != 0:
         raise InvalidArgumentError("beta != 0 scales an existing output: pass out=")
     if out is None:
@@ -103,6 +108,7 @@ def matmul(
         c, fresh = out, False
     if not fresh and (overlap(c, a) or overlap(c, b)):
         raise InvalidArgumentError("out must not share memory with a or b (BLAS reads them while writing)")
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     a_col, lda = _layout("a", a)
     b_col, ldb = _layout("b", b)
     c_col, ldc = _layout("out", c)
@@ -118,13 +124,13 @@ def matmul(
         first, ld1, s1 = b, ldb, _batch_stride("b", b)
         second, ld2, s2 = a, lda, _batch_stride("a", a)
     backend = a.backend
-    if not batched:
+    if len(shape) == 2:
 
         def call() -> None:
             backend.gemm(*args, first.ptr, ld1, second.ptr, ld2, beta, c.ptr, ldc, dtype=dtype)
 
     else:
-        sc = _batch_stride("out", c)
+        sc, batch = _batch_stride("out", c), shape[0]
 
         def call() -> None:
             backend.batched_gemm(
