@@ -17,8 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from ._kmath import _as_float, _as_int
+from ._kmath import _as_float, _as_int, _iand, _int32_op, _isra, _isub
 from ._nb import jit
+
+_iadd = _int32_op("add", "``a + b`` in int32.")
+_ior = _int32_op("or_", "``a | b`` in int32.")
+_i32 = np.int32
 
 __all__ = ["f32_to_f16", "f16_to_f32", "f32_to_bf16", "bf16_to_f32", "warm_up"]
 
@@ -28,22 +32,25 @@ _jit = jit
 
 @_jit
 def f32_to_f16(src: Any, dst: Any) -> None:
-    """float32 bits ``src`` (uint32) -> float16 bits ``dst`` (uint16), round to nearest-even."""
+    """float32 bits ``src`` (uint32) -> float16 bits ``dst`` (uint16), round to nearest-even.
+
+    All in int32 (numba would widen to int64, halving the vector width).
+    """
     half = np.float32(0.5)
     for i in range(src.shape[0]):
-        x = np.int64(src[i])
-        sign = (x >> 16) & 0x8000
-        ax = x & 0x7FFFFFFF
+        x = src[i]
+        sign = _iand(_isra(x, 16), 0x8000)
+        ax = _iand(x, 0x7FFFFFFF)
         # Normal results: rebias the exponent, round away 13 mantissa bits to even.
-        v = ax - 0x38000000
-        normal = (v + 0xFFF + ((v >> 13) & 1)) >> 13
+        v = _isub(ax, 0x38000000)
+        normal = _isra(_iadd(_iadd(v, 0xFFF), _iand(_isra(v, 13), 1)), 13)
         # Subnormal results: adding 0.5 makes the FPU round at 2**-24, the half's last bit.
-        tiny = np.int64(_as_int(_as_float(ax) + half)) - 0x3F000000
-        nan = 0x7E00 | ((ax >> 13) & 0x3FF)
+        tiny = _isub(_as_int(_as_float(ax) + half), 0x3F000000)
+        nan = _ior(_iand(_isra(ax, 13), 0x3FF), 0x7E00)
         h = tiny if ax < 0x38800000 else normal
-        h = 0x7C00 if ax >= 0x477FF000 else h
+        h = _i32(0x7C00) if ax >= 0x477FF000 else h
         h = nan if ax > 0x7F800000 else h
-        dst[i] = np.uint16(h | sign)
+        dst[i] = np.uint16(_ior(h, sign))
 
 
 @_jit
