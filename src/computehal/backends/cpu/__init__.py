@@ -32,7 +32,6 @@ from ._gemm import GemmOps
 from ._movement import MovementOps
 from ._norm import NormOps
 from ._pool import PoolOps
-from ._runtime import cpu_name
 
 __all__ = ["CpuBackend"]
 
@@ -95,7 +94,3 @@ class CpuBackend(
         table = {op: _F32_F64 for op in ALL_OPS}
         table.update(gemm_mixed_precision=_F32, copy_dtod=_BYTES, fill=_FLOATS, cast=_FLOATS)
         return table
-
-
-#: The host CPU's model name (kept for callers of the former single-module backend).
-_cpu_name = cpu_name
