@@ -214,6 +214,17 @@ class RowsProblem(Problem):
     index: Region | None = None
     index_dtype: np.dtype[Any] | None = None
 
+    @property
+    def empty(self) -> bool:
+        """True when nothing is written and no device index is left to check.
+
+        Device indices are checked even when rows have no columns (``cols == 0``), so
+        an out-of-range index raises on every path, as host indices do.
+        """
+        if self.index is not None and self.count:
+            return False
+        return self.count == 0 or self.cols == 0
+
 
 @dataclass(frozen=True)
 class GatherProblem(RowsProblem):

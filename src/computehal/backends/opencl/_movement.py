@@ -93,6 +93,10 @@ class MovementOps(OpenCLCore):
         size = p.dtype.itemsize
         x, y = self._at(p.input, size), self._at(p.output, size)
         with self._lock:
+            if p.cols == 0:  # nothing to copy, but device indices are still checked
+                if p.indices is None:
+                    self._device_indices(p)
+                return
             if p.indices is not None:
                 idx, kind = Operand(self._upload_indices(p.indices), 0), "i64"
             else:
@@ -105,7 +109,10 @@ class MovementOps(OpenCLCore):
             )  # fmt: skip
 
     def _exec_scatter(self, p: v.RowsProblem) -> None:
-        if p.count == 0 or p.cols == 0:
+        if p.cols == 0:  # nothing to copy, but device indices are still checked
+            if p.indices is None:
+                with self._lock:
+                    self._device_indices(p)
             return
         size = p.dtype.itemsize
         x, y = self._at(p.input, size), self._at(p.output, size)
