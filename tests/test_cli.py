@@ -13,7 +13,8 @@ import pytest
 import computehal.cli as cli
 import computehal.probe as probe_mod
 import computehal.selection as selection_mod
-from computehal import ComputeBackend
+from computehal import ComputeBackend, CpuBackend
+from computehal.backend import ALL_OPS
 from computehal.testing import CaseResult, ConformanceReport
 
 GPU_DEPENDENCIES = ("pyopencl", "wgpu", "cupy", "cupy_backends")
@@ -92,6 +93,18 @@ def test_devices_json(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFix
     assert kinds["cpu"]["available"] and kinds["cpu"]["devices"][0]["ordinal"] == 0
     assert not kinds["opencl"]["available"] and kinds["opencl"]["reason"]
     assert data["auto"] == "cpu" and data["fallback_chain"] == ["cpu"] and data["auto_order"] == ["cpu"]
+
+
+def test_devices_ops_matrix(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    hide_gpu_dependencies(monkeypatch)
+    assert cli.main(["devices", "--ops", "--markdown"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "| operation | cpu |"
+    rows = {line.split("|")[1].strip(" `"): line.split("|")[2].strip() for line in lines[2:]}
+    assert set(rows) == set(ALL_OPS)
+    caps = CpuBackend().capabilities()
+    assert rows["gemm"] == "f16 bf16 f32 f64" and caps.supports("gemm", "bfloat16")
+    assert rows["copy_dtod"] == "bytes" and rows["gemm_mixed_precision"] == "f32"
 
 
 # ---------------------------------------------------------------------- check (with a stand-in kit)

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from . import __version__
-from .backend import ComputeBackend
+from .backend import ALL_OPS, ComputeBackend
 from .backends import BACKENDS
 from .errors import BackendError
 from .probe import ProbeEntry, ProbeReport, probe
@@ -118,8 +118,35 @@ def _device_line(device: DeviceInfo) -> str:
 # ---------------------------------------------------------------------- devices
 
 
+_SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64", "uint8": "bytes"}
+
+
+def _ops_matrix(report: ProbeReport, markdown: bool) -> str:
+    """Every operation against every available backend: the dtypes it takes there."""
+    entries = [e for e in report.entries if e.available and e.capabilities is not None]
+    headers = ("operation", *(e.kind.value for e in entries))
+    rows = []
+    for op in ALL_OPS:
+        cells = []
+        for entry in entries:
+            assert entry.capabilities is not None
+            names = entry.capabilities.dtypes(op)
+            cells.append(" ".join(_SHORT[n] for n in _SHORT if n in names) or "-")
+        rows.append((op, *cells))
+    if not markdown:
+        return format_table(headers, rows)
+    lines = ["| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
+    lines += [
+        "| " + " | ".join(f"`{r[0]}`" if i == 0 else str(r[i]) for i in range(len(r))) + " |" for r in rows
+    ]
+    return "\n".join(lines)
+
+
 def _devices(args: argparse.Namespace, out: TextIO) -> int:
     report = probe(refresh=args.refresh)
+    if args.ops or args.markdown:
+        out.write(_ops_matrix(report, args.markdown) + "\n")
+        return 0
     if args.json:
         json.dump(_report_json(report), out, indent=2)
         out.write("\n")
@@ -392,6 +419,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     devices = commands.add_parser("devices", help="list every backend, its devices and why it is unavailable")
     devices.add_argument("--json", action="store_true", help="print the probe report as JSON")
+    devices.add_argument(
+        "--ops", action="store_true", help="print the dtypes every operation takes on each available backend"
+    )
+    devices.add_argument("--markdown", action="store_true", help="with --ops: as a Markdown table")
     devices.add_argument("--refresh", action="store_true", help=argparse.SUPPRESS)
 
     check = commands.add_parser("check", help="run the conformance kit on the available backends")

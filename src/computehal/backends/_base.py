@@ -60,6 +60,8 @@ R = TypeVar("R")
 #: dtype names an op takes when its hook exists and says nothing else.
 _F32_ONLY = frozenset({"float32"})
 _WIDENED = frozenset({"float16", "bfloat16"})
+#: Ops whose dtype is not a storage type of floating-point operands (no 16-bit widening).
+_NEVER_WIDENED = frozenset({"cast", "copy_dtod", "gemm_mixed_precision"})
 
 
 def guarded(method: Callable[P, R]) -> Callable[P, R]:
@@ -198,9 +200,7 @@ class TableBackend(ComputeBackend):
             widen = native.get("cast", frozenset()) >= {"float32"} | _WIDENED
             table = {}
             for op, names in native.items():
-                extra = (
-                    _WIDENED if widen and op not in ("cast", "copy_dtod") and "float32" in names else set()
-                )
+                extra = _WIDENED if widen and op not in _NEVER_WIDENED and "float32" in names else set()
                 table[op] = names | extra
             self._native_cache = {op: frozenset(_as_dtype(n) for n in names) for op, names in native.items()}
             self._dtype_cache = table
