@@ -213,3 +213,18 @@ def test_unmappable_node_is_refused_with_its_reason(cpu: Any) -> None:
     m = model(nodes, [vi("x", F, [1, 1, 4, 4, 4])], [vi("y", F, [1, 1, 3, 3, 3])])
     with pytest.raises(UnsupportedError, match="3-D MaxPool"):
         InferenceSession(m, backend=cpu)
+
+
+def test_plans_for_new_shapes_share_the_weights(cpu: Any) -> None:
+    w = np.random.default_rng(4).standard_normal((6, 5)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
+    m = model(nodes, [vi("x", F, ["batch", 6])], [vi("y", F, ["batch", 5])], {"w": w})
+    backend = Counting(cpu)
+    session = InferenceSession(m, backend=backend)
+    for batch in (2, 3, 7):
+        backend.calls.clear()
+        x = np.ones((batch, 6), np.float32)
+        np.testing.assert_allclose(session.run(None, {"x": x})[0], x @ w, rtol=1e-5)
+        uploads = backend.calls["copy_htod"]
+        assert uploads == (2 if batch == 2 else 1)  # the weight once, then only the input
+    session.close()

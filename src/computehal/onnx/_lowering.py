@@ -21,6 +21,7 @@ import numpy as np
 from ._ir import Node, is_float
 from ._shapes import Specialized
 from ._tensors import Call, DeviceTensor, HostArg, Storage, Upload, coalesce, contiguous_strides
+from ._weights import content_key
 
 __all__ = ["LOWERINGS", "Lowerer", "LoweringContext", "Unmappable", "lowers"]
 
@@ -49,19 +50,26 @@ def lowers(*ops: str) -> Callable[[Lowering], Lowering]:
 
 @dataclass
 class LoweringContext:
-    """What lowerings share across the nodes of one plan."""
+    """What lowerings share across the nodes of one plan.
+
+    ``stable`` names the constants of the model as loaded: weights derived from them keep
+    their name as key across plans; any other constant is keyed by its content.
+    """
 
     spec: Specialized
+    stable: frozenset[str] = frozenset()
     device: dict[str, DeviceTensor] = field(default_factory=dict)
     host: set[str] = field(default_factory=set)
     weights: dict[str, DeviceTensor] = field(default_factory=dict)
 
     def weight(self, array: np.ndarray, label: str, key: str | None = None) -> DeviceTensor:
-        """A device copy of a host array, uploaded once with the plan's weights."""
+        """A device copy of a host array (uploaded once per session and backend)."""
         if key is not None and key in self.weights:
             return self.weights[key]
         data = np.ascontiguousarray(array)
+        stable = key is not None and key.split(":")[0] in self.stable
         storage = Storage(max(data.nbytes, 1), "weight", label, data=data)
+        storage.key = f"name:{key}" if stable else content_key(data)
         tensor = DeviceTensor(storage, 0, tuple(data.shape), data.dtype)
         if key is not None:
             self.weights[key] = tensor

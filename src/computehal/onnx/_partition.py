@@ -72,9 +72,13 @@ def partition(
     fallback: ComputeBackend | None,
     *,
     strict: bool = False,
+    stable: frozenset[str] = frozenset(),
 ) -> tuple[list[NodePlan], LoweringContext]:
-    """Lower and place every node of ``spec``; raise UnsupportedError for what runs nowhere."""
-    ctx = LoweringContext(spec)
+    """Lower and place every node of ``spec``; raise UnsupportedError for what runs nowhere.
+
+    ``stable`` names the constants of the model as loaded (weights keyed by name).
+    """
+    ctx = LoweringContext(spec, stable)
     for info in spec.graph.inputs:
         ctx.host.add(info.name)
         shape = spec.shapes.get(info.name)

@@ -5,7 +5,7 @@ Built from the placed nodes (:mod:`computehal.onnx._partition`):
 * every tensor a step touches is resolved in the step's partition; an intermediate made in
   the other partition gets a mirror there and an explicit copy step at the border;
 * graph inputs are uploaded once per run into each partition that reads them; weights
-  once, when the plan is built;
+  once per session (:mod:`computehal.onnx._weights`), shared by its plans;
 * intermediates are placed in one arena per partition by lifetime
   (:mod:`computehal.onnx._memory`), so buffers are reused;
 * a run executes the steps in order (no host round trip between device nodes), calls
@@ -25,9 +25,10 @@ import numpy as np
 from ..backend import ComputeBackend
 from ..errors import InvalidArgumentError
 from ._lowering import LoweringContext
-from ._memory import ALIGN, Block, naive_size, place
+from ._memory import Block, naive_size, place
 from ._partition import FALLBACK, HOST, PRIMARY, NodePlan
 from ._tensors import Call, DeviceTensor, HostArg, Storage, Upload
+from ._weights import WeightStore
 
 __all__ = ["Border", "ExecutablePlan", "MemoryReport"]
 
@@ -57,13 +58,12 @@ class MemoryReport:
 @dataclass
 class _Partition:
     backend: ComputeBackend
+    store: WeightStore
     storages: dict[Storage, Block] = field(default_factory=dict)
     weights: dict[Storage, int] = field(default_factory=dict)
     arena: int = 0
-    weight_ptr: int = 0
     arena_bytes: int = 0
     naive_bytes: int = 0
-    weight_bytes: int = 0
 
     def touch(self, storage: Storage, step: int) -> None:
         if storage.kind == "weight":
@@ -78,7 +78,7 @@ class _Partition:
     def address(self, tensor: DeviceTensor) -> int:
         storage = tensor.storage
         if storage.kind == "weight":
-            return self.weight_ptr + self.weights[storage] + tensor.offset
+            return self.weights[storage] + tensor.offset
         return self.arena + self.storages[storage].offset + tensor.offset
 
 
@@ -91,13 +91,14 @@ class ExecutablePlan:
         ctx: LoweringContext,
         primary: ComputeBackend,
         fallback: ComputeBackend | None,
+        store: WeightStore,
     ) -> None:
         self.plans = plans
         self.ctx = ctx
         self.spec = ctx.spec
-        self.parts: dict[str, _Partition] = {PRIMARY: _Partition(primary)}
+        self.parts: dict[str, _Partition] = {PRIMARY: _Partition(primary, store)}
         if fallback is not None:
-            self.parts[FALLBACK] = _Partition(fallback)
+            self.parts[FALLBACK] = _Partition(fallback, store)
         self.borders: list[Border] = []
         self._mirrors: dict[tuple[Storage, str], Storage] = {}
         self._inputs: list[tuple[str, Storage]] = []
@@ -207,22 +208,10 @@ class ExecutablePlan:
             blocks = list(part.storages.values())
             part.arena_bytes = place(blocks)
             part.naive_bytes = naive_size(blocks)
-            offset = 0
             for storage in part.weights:
-                part.weights[storage] = offset
-                offset += -(-storage.nbytes // ALIGN) * ALIGN
-            part.weight_bytes = offset
-            be = part.backend
+                part.weights[storage] = part.store.address(part.backend, storage)
             if part.arena_bytes:
-                part.arena = be.alloc(part.arena_bytes)
-            if part.weight_bytes:
-                part.weight_ptr = be.alloc(part.weight_bytes)
-                packed = np.zeros(part.weight_bytes, dtype=np.uint8)
-                for storage, at in part.weights.items():
-                    assert storage.data is not None
-                    raw = storage.data.reshape(-1).view(np.uint8)
-                    packed[at : at + raw.size] = raw
-                be.copy_htod(part.weight_ptr, packed)
+                part.arena = part.backend.alloc(part.arena_bytes)
 
     # ------------------------------------------------------------------ binding
 
@@ -297,22 +286,20 @@ class ExecutablePlan:
     def memory(self) -> list[MemoryReport]:
         """Device memory per partition that holds anything."""
         return [
-            MemoryReport(p.backend.name(), p.arena_bytes, p.naive_bytes, p.weight_bytes)
+            MemoryReport(p.backend.name(), p.arena_bytes, p.naive_bytes, sum(s.nbytes for s in p.weights))
             for p in self.parts.values()
             if p.storages or p.weights
         ]
 
     def close(self) -> None:
-        """Free the arenas and weights (the plan cannot run afterwards)."""
+        """Free the arenas (weights belong to the session's store); the plan cannot run afterwards."""
         for part in self.parts.values():
-            for attr in ("arena", "weight_ptr"):
-                ptr = getattr(part, attr)
-                if ptr:
-                    try:
-                        part.backend.free(ptr)
-                    except Exception:  # noqa: BLE001 - the backend may already be closed
-                        pass
-                    setattr(part, attr, 0)
+            if part.arena:
+                try:
+                    part.backend.free(part.arena)
+                except Exception:  # noqa: BLE001 - the backend may already be closed
+                    pass
+                part.arena = 0
         self._steps = []
 
 

@@ -6,6 +6,7 @@ import math
 import os
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,7 @@ from ._partition import FALLBACK, HOST, PRIMARY, partition
 from ._plan import Border, ExecutablePlan, MemoryReport
 from ._shapes import Specialized, specialize
 from ._simplify import simplify
+from ._weights import WeightStore
 
 __all__ = ["InferenceSession", "NodeArg", "NodePlacement", "PlanReport", "shared_backend"]
 
@@ -30,6 +32,8 @@ _SHARED_LOCK = threading.Lock()
 
 #: Integer inputs up to this many elements may be frozen into a plan when shapes depend on them.
 _FREEZE_LIMIT = 4096
+#: Plans kept per session (one per set of input shapes, least recently used dropped first).
+_MAX_PLANS = 16
 
 
 def shared_backend(name: str | None) -> ComputeBackend:
@@ -172,9 +176,11 @@ class InferenceSession:
         self._backend = _resolve_backend(backend)
         self._fallback = None if self._backend.name() == "cpu" else shared_backend("cpu")
         self._strict = bool(strict)
-        self._plans: dict[Any, tuple[Specialized, ExecutablePlan]] = {}
+        self._plans: OrderedDict[Any, tuple[Specialized, ExecutablePlan]] = OrderedDict()
+        self._weights = WeightStore()
+        self._stable = frozenset(self._graph.consts)
         self._lock = threading.Lock()
-        self._finalizer = weakref.finalize(self, _close_plans, self._plans)
+        self._finalizer = weakref.finalize(self, _close_plans, self._plans, self._weights)
         self._value_keyed = False
         shapes = self._declared_shapes()
         if shapes is not None:
@@ -234,6 +240,7 @@ class InferenceSession:
             full_key = key + tuple((n, v.tobytes()) for n, v in sorted(frozen.items()))
             found = self._plans.get(full_key)
             if found is not None:
+                self._plans.move_to_end(full_key)
                 return found
             try:
                 spec = specialize(self._graph, dict(shapes), frozen)
@@ -251,11 +258,14 @@ class InferenceSession:
                 self._value_keyed = True
                 full_key = key + tuple((n, v.tobytes()) for n, v in sorted(frozen.items()))
             self._plans[full_key] = built
+            while len(self._plans) > _MAX_PLANS:
+                _, (_, oldest) = self._plans.popitem(last=False)
+                oldest.close()
             return built
 
     def _build(self, spec: Specialized) -> tuple[Specialized, ExecutablePlan]:
-        plans, ctx = partition(spec, self._backend, self._fallback, strict=self._strict)
-        return spec, ExecutablePlan(plans, ctx, self._backend, self._fallback)
+        plans, ctx = partition(spec, self._backend, self._fallback, strict=self._strict, stable=self._stable)
+        return spec, ExecutablePlan(plans, ctx, self._backend, self._fallback, self._weights)
 
     def _frozen(self, feeds: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray]:
         if not feeds:
@@ -377,7 +387,8 @@ def _checked(info: ValueInfo, value: Any) -> np.ndarray:
     return array
 
 
-def _close_plans(plans: dict[Any, tuple[Specialized, ExecutablePlan]]) -> None:
+def _close_plans(plans: dict[Any, tuple[Specialized, ExecutablePlan]], weights: WeightStore) -> None:
     for _, executable in plans.values():
         executable.close()
     plans.clear()
+    weights.close()

@@ -38,6 +38,7 @@ class Storage:
     label: str
     data: np.ndarray | None = None  # the host value of a weight, or None
     home: str | None = None  # the partition that writes it (arena storages)
+    key: str | None = None  # what names a weight across plans (see computehal.onnx._weights)
 
     def __repr__(self) -> str:
         return f"<Storage {self.kind} {self.label!r} {self.nbytes} B>"
