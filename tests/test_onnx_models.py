@@ -110,21 +110,21 @@ def test_light_model_with_random_weights_matches_onnxruntime(name: str) -> None:
 TRANSFORMER_BACKENDS = ("cpu", "opencl", "vulkan")
 
 
-@pytest.mark.parametrize("backend", TRANSFORMER_BACKENDS)
-def test_bert_encoder_matches_onnxruntime(backend: str) -> None:
+@pytest.mark.parametrize("backend_name", TRANSFORMER_BACKENDS)
+def test_bert_encoder_matches_onnxruntime(backend_name: str) -> None:
     model = bert_encoder(layers=2, hidden=64, heads=4, vocab=500)
     feeds = bert_inputs(2, 24, vocab=500)
-    session = _session(model, backend)
+    session = _session(model, backend_name)
     _assert_matches(session.run(None, feeds), _reference(model, feeds), rtol=1e-4)
     placement = {n.op: n.where for n in session.plan().nodes}
     assert placement["Unsqueeze"] == "host"  # the integer mask is a host fact, uploaded once cast
     assert placement["Reshape"] == "view"
 
 
-@pytest.mark.parametrize("backend", TRANSFORMER_BACKENDS)
-def test_gpt_decoder_step_with_cache_matches_onnxruntime(backend: str) -> None:
+@pytest.mark.parametrize("backend_name", TRANSFORMER_BACKENDS)
+def test_gpt_decoder_step_with_cache_matches_onnxruntime(backend_name: str) -> None:
     model = gpt_decoder_step(layers=2, hidden=64, heads=4, kv_heads=2, vocab=500)
-    session = _session(model, backend)
+    session = _session(model, backend_name)
     for past, new in ((5, 1), (6, 1), (0, 3)):  # decode steps, then a prompt without cache
         feeds = gpt_inputs(model, 2, past, new_tokens=new, vocab=500, seed=past)
         _assert_matches(session.run(None, feeds), _reference(model, feeds), rtol=1e-4)
