@@ -41,8 +41,8 @@ CONFIGS: dict[str, list[dict[str, str]]] = {
     ],
     "attention.cl": [
         {"HD": "64", "BQ": "32", "BKV": "64", "VW": "8"},
-        {"HD": "24", "BQ": "4", "BKV": "64", "VW": "8"},
-        {"HD": "128", "BQ": "4", "BKV": "32", "VW": "8"},
+        {"HD": "32", "BQ": "16", "BKV": "64", "VW": "8"},
+        {"HD": "128", "BQ": "16", "BKV": "16", "VW": "4", "REAL": "double", "USE_FP64": "1"},
     ],
     "elementwise.cl": [{"EW": "1"}, {"EW": "16", "REAL": "double", "USE_FP64": "1"}],
     "cast.cl": [{"EW": "16", "USE_FP64": "1"}],

@@ -805,3 +805,79 @@ def test_gpu_profile_wide_row_reductions_and_softmax(gpu_be: Any, shape: tuple[i
     finally:
         for p in (base, out, y):
             gpu_be.free(p)
+
+
+# --------------------------------------------------------------------------- regressions (hostile use)
+
+
+@pytest.mark.parametrize("vector", [True, False], ids=["vector-kernel", "workgroup-kernel"])
+def test_attention_nan_rules(be: Any, vector: bool) -> None:
+    """Regression: a NaN query row and a +inf score gave zero rows; they give NaN, as the reference."""
+    rng = np.random.default_rng(12)
+    b, h, sq, skv, d = 1, 2, 6, 6, 8
+    q = rng.standard_normal((b, h, sq, d)).astype(np.float32)
+    k = rng.standard_normal((b, h, skv, d)).astype(np.float32)
+    val = rng.standard_normal((b, h, skv, d)).astype(np.float32)
+    q[0, 0, 1, :] = np.nan  # a NaN query row
+    q[0, 0, 3, 0], k[0, 0, 0, 0] = np.inf, 1.0  # a +inf score (key 0 is visible to row 3)
+    val[0, 1, 5, 2] = np.nan  # a NaN value that causal rows 0..4 of head 1 never see
+    mask = np.zeros((sq, skv), dtype=np.float32)
+    mask[2, :] = -np.inf  # row 2 sees no key: zeros
+    mask[4, 1] = np.nan  # a NaN mask entry that row 4 reads
+    saved = be.vector_attention
+    ptrs = [put(be, a)[0] for a in (q, k, val, mask)]
+    out = be.alloc(q.nbytes)
+    try:
+        be.vector_attention = vector
+        be.attention(*ptrs[:3], out, b, h, sq, skv, d, 0.5, True, mask_ptr=ptrs[3], mask_shape=[sq, skv])
+        got = get(be, out, q.shape)
+    finally:
+        be.vector_attention = saved
+        for ptr in (*ptrs, out):
+            be.free(ptr)
+    assert np.isnan(got[0, 0, [1, 3, 4]]).all() and np.isnan(got[0, 1, 4]).all()  # NaN row, +inf, NaN mask
+    assert (got[0, :, 2] == 0).all()  # no visible key
+    assert np.isfinite(got[0, 0, [0, 5]]).all() and np.isfinite(got[0, 1, [0, 1, 3]]).all()
+    assert np.isnan(got[0, 1, 5, 2]) and np.isfinite(np.delete(got[0, 1, 5], 2)).all()  # the NaN value, read
+    np.testing.assert_allclose(got[0, 0, 0], val[0, 0, 0], rtol=1e-6)  # causal row 0 sees key 0 only
+
+
+def test_attention_programs_do_not_grow_with_head_dim() -> None:
+    """Regression: one program was built and kept per distinct head_dim (80 values: 81 builds)."""
+    _require_device()
+    from computehal.backends.opencl._attention import head_bucket
+
+    with OpenCLBackend() as backend:
+        q = np.ones(2 * 80, dtype=np.float32)
+        ptr = put(backend, q)[0]
+        out = backend.alloc(q.nbytes)
+        for dim in range(1, 81):
+            backend.attention(ptr, ptr, ptr, out, 1, 1, 2, 2, dim, 0.1, False)
+        np.testing.assert_allclose(get(backend, out, 160), 1.0)
+        assert backend.program_builds == len({head_bucket(dim) for dim in range(1, 81)}) == 5
+        assert backend.programs_cached <= 5
+
+
+def test_program_cache_is_least_recently_used_and_bounded(be: Any) -> None:
+    from computehal.backends.opencl._runtime import ProgramCache
+
+    cache = ProgramCache(be._context, capacity=3)
+    for ew in (1, 2, 3, 4, 5):
+        cache.kernel("elementwise.cl", "unary_neg", {"EW": ew})
+    assert len(cache) == 3 and cache.builds == 5
+    cache.kernel("elementwise.cl", "unary_neg", {"EW": 5})  # cached: no build
+    cache.kernel("elementwise.cl", "unary_neg", {"EW": 3})  # the least recently used kept: no build
+    assert cache.builds == 5
+    cache.kernel("elementwise.cl", "unary_neg", {"EW": 1})  # evicted earlier: built again
+    assert cache.builds == 6 and len(cache) == 3
+
+
+def test_reduce_with_op_none_is_an_invalid_argument(be: Any) -> None:
+    """Regression: reduce(None, ...) raised DeviceError("AssertionError:")."""
+    base, _ = put(be, np.ones(4, dtype=np.float32))
+    try:
+        for shape in ([4], [1, 4], [4, 1]):
+            with pytest.raises(InvalidArgumentError, match="op"):
+                be.reduce(None, base, base, shape, 0)
+    finally:
+        be.free(base)

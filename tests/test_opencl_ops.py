@@ -448,3 +448,52 @@ def test_conv_extensions_with_nan_next_to_the_padding(
                       (get(be, pgf, f.shape, dtype), gf)):  # fmt: skip
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+# --------------------------------------------------------------------------- attention
+
+
+def _attention_reference(q: Any, k: Any, v: Any, scale: float, causal: bool, mask: Any) -> Any:
+    """One query row at a time over its visible keys (causal rule, masked score not -inf)."""
+    b, h, sq, d = q.shape
+    group, skv = h // k.shape[1], k.shape[2]
+    additive = np.broadcast_to(np.zeros(1) if mask is None else mask.astype(np.float64), (b, h, sq, skv))
+    out = np.zeros((b, h, sq, d))
+    for bi, hi, i in np.ndindex(b, h, sq):
+        keys, values = k[bi, hi // group].astype(np.float64), v[bi, hi // group].astype(np.float64)
+        scores = keys @ q[bi, hi, i].astype(np.float64) * scale + additive[bi, hi, i]
+        visible = scores != -np.inf
+        if causal:
+            visible &= np.arange(skv) <= i + skv - sq
+        if visible.any():
+            weights = np.exp(scores[visible] - scores[visible].max())
+            out[bi, hi, i] = weights @ values[visible] / weights.sum()
+    return out
+
+
+ATTENTIONS = [  # batch, heads, kv_heads, seq_q, seq_kv, head_dim, causal, mask shape
+    (2, 4, 2, 5, 9, 24, True, (5, 9)),
+    (1, 3, 1, 40, 70, 64, False, (1, 3, 1, 70)),
+    (2, 2, 2, 70, 33, 80, True, None),
+    (1, 1, 1, 3, 130, 300, False, (130,)),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("cfg", ATTENTIONS, ids=["gqa-mask", "mqa-broadcast-mask", "long-q", "wide-head"])
+def test_attention_mask_grouped_heads_and_cache(be: Any, cfg: Any, dtype: str) -> None:
+    b, h, kvh, sq, skv, d, causal, mask_shape = cfg
+    rng = np.random.default_rng(sq * skv)
+    q = rng.standard_normal((b, h, sq, d)).astype(dtype)
+    k, val = (rng.standard_normal((b, kvh, skv, d)).astype(dtype) for _ in range(2))
+    mask = None
+    kw: dict[str, Any] = {"dtype": dtype, "kv_heads": kvh}
+    if mask_shape is not None:
+        mask = rng.standard_normal(mask_shape).astype(dtype)
+        mask[rng.random(mask_shape) < 0.3] = -np.inf
+        kw.update(mask_ptr=put(be, mask), mask_shape=mask_shape)
+    out = be.alloc(q.nbytes)
+    be.attention(put(be, q), put(be, k), put(be, val), out, b, h, sq, skv, d, 0.3, causal, **kw)
+    tol = 64 * np.finfo(dtype).eps
+    want = _attention_reference(q, k, val, 0.3, causal, mask)
+    np.testing.assert_allclose(get(be, out, q.shape, dtype), want, rtol=tol, atol=tol)

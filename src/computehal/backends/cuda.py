@@ -916,10 +916,13 @@ class CudaBackend(TableBackend):
         blocks = -(-p.seq_q // _ATTN_BQ)
         # Heads go in grid y (at most 65535 per launch): launch per chunk of heads.
         for h0, h1 in self._chunks(bh, 0):
+            # attention.cl's parameters: no mask; heads = group = 1 makes every (batch, head) of the
+            # chunk its own key / value head.
             args = (
                 _p(q + h0 * q_step), _i64(0), _p(k + h0 * kv_step), _i64(0), _p(val + h0 * kv_step), _i64(0),
-                _p(p.o.ptr + h0 * q_step), _i64(0), _i32(p.seq_q), _i32(p.seq_kv), _to_f32(p.scale),
-                _i32(int(p.causal)),
+                _p(p.o.ptr + h0 * q_step), _i64(0), _p(0), _i64(0), _i64(0), _i64(0), _i64(0), _i64(0),
+                _i32(0), _i32(p.seq_q), _i32(p.seq_kv), _i32(p.head_dim), _to_f32(p.scale),
+                _i32(int(p.causal)), _i32(1), _i32(1),
             )  # fmt: skip
             self._launch(unit, "attention_fwd", (blocks, h1 - h0), (_ATTN_BQ,), args)
 

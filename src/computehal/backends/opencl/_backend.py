@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ...backend import COMPUTE_OPS
+from ...backend import ALL_OPS
 from ._attention import AttentionOps
 from ._axis import AxisOps
 from ._conv import ConvOps
@@ -54,14 +54,7 @@ class OpenCLBackend(ConvOps, AttentionOps, AxisOps, ElementwiseOps, MovementOps,
 
     def _native_dtypes(self) -> Mapping[str, frozenset[str]]:
         floats = self._native_float()
-        table = {op: _F32 for op in COMPUTE_OPS}
-        for op in ("gemm", "batched_gemm", "unary", "binary", "broadcast_binary", "reduce", "softmax"):
-            table[op] = floats
-        for op in ("layer_norm", "rms_norm", "batch_norm", "lrn", "pool2d"):
-            table[op] = floats
-        for op in ("conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter"):
-            table[op] = floats
-        for op in ("fill", "copy_strided", "gather", "scatter"):
-            table[op] = _BITS
-        table.update(copy_dtod=frozenset({"uint8"}), cast=_WIDENED | floats)
+        table = {op: floats for op in ALL_OPS}
+        table.update({op: _BITS for op in ("fill", "copy_strided", "gather", "scatter")})
+        table.update(gemm_mixed_precision=_F32, copy_dtod=frozenset({"uint8"}), cast=_WIDENED | floats)
         return table
