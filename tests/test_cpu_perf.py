@@ -334,3 +334,73 @@ def test_softmax_kernels_special_values_and_in_place(log: bool) -> None:
     _assert_softmax(rows, x, 1, log)
     S.softmax_columns(cols, cols, 0, 45, log, np.empty((5, 45), dtype=F32))
     _assert_softmax(cols, x, 0, log)
+
+
+# --------------------------------------------------------------------------- attention kernel
+
+
+def _attention64(q: Any, k: Any, v: Any, scale: float, causal: bool) -> Any:
+    """Direct definition in float64 for one head; rows that see no key are 0."""
+    with np.errstate(all="ignore"):
+        s = (q.astype(np.float64) @ k.astype(np.float64).T) * scale
+        if causal:
+            offset = k.shape[0] - q.shape[0]
+            hidden = np.arange(k.shape[0])[None, :] > np.arange(q.shape[0])[:, None] + offset
+            s[hidden] = -np.inf
+        peak = np.max(s, axis=1, keepdims=True)
+        e = np.exp(s - np.where(np.isneginf(peak), 0.0, peak))
+        total = e.sum(axis=1, keepdims=True)
+        out = (e @ v.astype(np.float64)) / total
+    out[(total == 0)[:, 0]] = 0.0
+    return out
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(
+    "seq_q, seq_kv, dim, block_q, block_kv",
+    [
+        (37, 37, 8, 512, 512),
+        (33, 50, 16, 7, 5),
+        (50, 33, 16, 16, 9),
+        (300, 300, 32, 64, 100),
+        (129, 129, 64, 70, 64),
+    ],
+)
+def test_attention_kernel_matches_definition(
+    seq_q: int, seq_kv: int, dim: int, block_q: int, block_kv: int, causal: bool
+) -> None:
+    import computehal.backends.cpu._kattention as A
+
+    rng = np.random.default_rng(23)
+    q, o = rng.standard_normal((seq_q, dim)).astype(F32), np.full((seq_q, dim), np.nan, dtype=F32)
+    k, v = rng.standard_normal((seq_kv, dim)).astype(F32), rng.standard_normal((seq_kv, dim)).astype(F32)
+    scale = 1 / math.sqrt(dim)
+    work = np.empty(A.attention_scratch(block_q, block_kv, dim), dtype=F32)
+    for i0 in range(0, seq_q, block_q):
+        A.attention_rows(
+            q, k, v, o, i0, min(seq_q, i0 + block_q), scale, causal, seq_kv - seq_q, block_kv, work
+        )
+    want = _attention64(q, k, v, scale, causal)
+    # The kit's bound: scores off by their own rounding, the softmax and the sums by a few eps.
+    tol = 8 * (seq_kv + dim + 8) * EPS32 * np.abs(v).max() + 1e-30
+    assert np.all(np.abs(o - want) <= tol)
+    if causal and seq_q > seq_kv:
+        assert np.all(o[: seq_q - seq_kv] == 0)
+
+
+def test_attention_kernel_nan_and_infinite_scores() -> None:
+    import computehal.backends.cpu._kattention as A
+
+    rng = np.random.default_rng(29)
+    q, k, v = (rng.standard_normal((40, 8)).astype(F32) for _ in range(3))
+    q[3, 2] = np.nan  # a NaN score row
+    k[5, 1] = np.inf  # +inf / -inf scores in every row: NaN where +inf meets, weight 0 where -inf
+    q[7] = 0  # 0 * inf = NaN for row 7 too
+    o = np.empty_like(q)
+    work = np.empty(A.attention_scratch(16, 8, 8), dtype=F32)
+    for i0 in range(0, 40, 16):
+        A.attention_rows(q, k, v, o, i0, min(40, i0 + 16), 0.5, True, 0, 8, work)
+    want = _attention64(q, k, v, 0.5, True)
+    assert np.array_equal(np.isnan(o), np.isnan(want))
+    finite = ~np.isnan(want)
+    assert np.all(np.abs(o[finite] - want[finite]) <= 1e-5 * (1 + np.abs(want[finite])))

@@ -62,9 +62,9 @@ class CpuBackend(
     device : int
         Always 0 (the host); another value makes :meth:`init` raise DeviceError.
     attention_block_q : int, optional
-        Query rows per attention tile (default 256; 1 to 65536).
+        Query rows per attention tile (default 512; 1 to 65536).
     attention_block_kv : int, optional
-        Keys per attention tile (default 1024; 1 to 65536; the last chunk of a row may
+        Keys per attention tile (default 512; 1 to 65536; the last chunk of a row may
         take up to half as many again). Extra memory stays O(block_q * (block_kv +
         head_dim)) per thread, whatever the sequence length; ``block_q * block_kv`` must
         not exceed 2**24.
@@ -78,7 +78,7 @@ class CpuBackend(
     kind = "cpu"
 
     def __init__(
-        self, device: int = 0, *, attention_block_q: int = 256, attention_block_kv: int = 1024
+        self, device: int = 0, *, attention_block_q: int = 512, attention_block_kv: int = 512
     ) -> None:
         block_q = _block("attention_block_q", attention_block_q)
         block_kv = _block("attention_block_kv", attention_block_kv)

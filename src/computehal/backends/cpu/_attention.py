@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ... import validation as v
+from ._attention_fast import fast_attention
 from ._plumbing import CpuPlumbing, FloatArray
 from ._runtime import kernels, parallel_pull, single_threaded_blas
 from ._strided import strided_view
@@ -76,6 +77,8 @@ class AttentionOps(CpuPlumbing):
         return heads
 
     def _exec_attention(self, p: v.AttentionProblem) -> None:
+        if fast_attention(p, self._block_q, self._block_kv):
+            return
         heads = self._heads(p)
         tasks = [(h, i0) for h in range(len(heads)) for i0 in range(0, p.seq_q, self._block_q)]
         block_q, block_kv = min(self._block_q, p.seq_q), min(self._block_kv, p.seq_kv)

@@ -54,6 +54,7 @@ __all__ = [
     "forward_scratch",
     "filter_grad_item",
     "filter_grad_scratch",
+    "non_finite",
     "warm_up",
 ]
 
@@ -193,7 +194,7 @@ def filter_untransform(du, out):
 
 
 @jit
-def _non_finite(row):
+def non_finite(row):
     """1 when a value of the float32 row is inf or NaN, else 0 (an or-reduction that vectorises)."""
     bad = 0
     for i in range(row.shape[0]):
@@ -223,7 +224,7 @@ def _to_channels_last(src, n, h0, w0, rows, cols, out):
         out[r * cols : r * cols + lo, :] = 0
         out[r * cols + hi : (r + 1) * cols, :] = 0
         for c in range(cin):
-            bad |= _non_finite(src[n, c, h, w0 + lo : w0 + hi])
+            bad |= non_finite(src[n, c, h, w0 + lo : w0 + hi])
         base = ((n * cin) * height + h) * width + w0
         j = lo
         while j + 8 <= hi:
@@ -533,3 +534,4 @@ def warm_up() -> None:
     work = np.zeros(max(forward_scratch(1, 1, 1, 1, 1), filter_grad_scratch(1, 1, 1, 1, 1)), dtype=_F)
     forward_item(x, y, u, bias, False, 0, 1, 0, 1, 1, 1, work)
     filter_grad_item(x, y, u, 0, 1, 0, 1, 1, 1, work)
+    non_finite(work[:4])

@@ -1,0 +1,78 @@
+"""Attention through the compiled query-block kernel of :mod:`._kattention`.
+
+One task per (batch, head, block of query rows), pulled by the worker threads, each
+with single-threaded BLAS and its own scratch (kept between calls). Causal tasks are
+ordered longest first (later query blocks see more keys), so the last tasks pulled are
+the short ones. Calls with an additive mask, or whose values hold inf or NaN, are left
+to the general path of :mod:`._attention`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from ... import validation as v
+from ._conv_winograd import thread_scratch
+from ._plumbing import CpuPlumbing
+from ._runtime import kernels, parallel_pull, parallel_ranges, single_threaded_blas
+
+__all__ = ["fast_attention"]
+
+#: Values checked for inf / NaN per task of the parallel check.
+_CHECK_BLOCK = 1 << 18
+
+
+def _values_finite(values: Any) -> bool:
+    """True when every value is finite (a compiled or-reduction split over the threads)."""
+    flat = values.reshape(-1)
+    check = kernels("_winograd").non_finite
+    bad = [0]
+
+    def run(start: int, stop: int) -> None:
+        for lo in range(start * _CHECK_BLOCK, min(flat.size, stop * _CHECK_BLOCK), _CHECK_BLOCK):
+            if check(flat[lo : lo + _CHECK_BLOCK]):
+                bad[0] = 1
+
+    parallel_ranges(-(-flat.size // _CHECK_BLOCK), run, grain=1)
+    return not bad[0]
+
+
+def fast_attention(p: v.AttentionProblem, block_q: int, block_kv: int) -> bool:
+    """Compute ``p`` with the compiled kernel; False where this path does not apply."""
+    if p.dtype != np.float32 or p.mask is not None or p.head_dim == 0:
+        return False
+    kern: Any = kernels("_kattention")
+    if kern is None or kernels("_winograd") is None:
+        return False
+    dt = p.dtype
+    view = CpuPlumbing._array
+    q = view(p.q, (p.batch, p.heads, p.seq_q, p.head_dim), dt)
+    k = view(p.k, (p.batch, p.kv_heads, p.seq_kv, p.head_dim), dt)
+    val = view(p.v, (p.batch, p.kv_heads, p.seq_kv, p.head_dim), dt)
+    o = view(p.o, (p.batch, p.heads, p.seq_q, p.head_dim), dt)
+    if not _values_finite(val):
+        return False
+    block_q, block_kv = min(block_q, p.seq_q), max(1, min(block_kv, p.seq_kv))
+    starts = range(0, p.seq_q, block_q)
+    if p.causal:
+        starts = range(starts[-1], -1, -block_q)  # longest first
+    tasks = [(b, h, i0) for i0 in starts for b in range(p.batch) for h in range(p.heads)]
+    scale, offset = float(p.scale), p.causal_offset
+    size = kern.attention_scratch(block_q, block_kv, p.head_dim)
+
+    def run(items: Iterator[int]) -> None:
+        work = thread_scratch("attention", size)
+        for t in items:
+            b, h, i0 = tasks[t]
+            kv = h // p.group
+            i1 = min(p.seq_q, i0 + block_q)
+            kern.attention_rows(
+                q[b, h], k[b, kv], val[b, kv], o[b, h], i0, i1, scale, p.causal, offset, block_kv, work
+            )
+
+    with single_threaded_blas():
+        parallel_pull(len(tasks), run)
+    return True

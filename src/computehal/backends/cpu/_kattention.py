@@ -1,0 +1,216 @@
+"""Compiled float32 attention over one block of query rows of one head (numba).
+
+:func:`attention_rows` runs the whole online softmax of a query block in compiled
+code: per chunk of keys, one BLAS GEMM for the scores (``Q_block K_chunk^T``), one pass
+per score row that finds its maximum (order-preserving integer keys, which
+vectorise), rescales the running sum and output row, and replaces the scores by their
+exponentials while summing them, then one BLAS GEMM that adds ``P V_chunk`` into the
+output rows. No Python runs between the steps, and no temporary is allocated.
+
+Under a causal mask, chunks no row of the block sees are skipped, and the diagonal
+region (keys some rows see and others do not) is cut into groups of
+:data:`DIAGONAL_ROWS` rows, each multiplying only the keys its last row sees, so the
+GEMMs do little work that the mask then discards.
+
+NaN and infinity follow the definition ``softmax(Q K^T * scale) V``: a NaN or +inf
+score makes its row NaN; a -inf score gets weight 0. Values holding NaN or infinity are
+left to the general path (``0 * NaN`` would reach rows whose weight for that key is 0).
+"""
+
+# The function bodies are numba nopython code: numba types them, and numba's stubs
+# cannot describe that to mypy.
+# mypy: ignore-errors
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._ksoftmax import exp_fast_nan
+from ._nb import NO, YES, jit, jit_reassoc, order_key, sgemm, wide_vectors
+
+__all__ = ["attention_rows", "attention_scratch", "DIAGONAL_ROWS", "warm_up"]
+
+_F = np.float32
+_ZERO = _F(0.0)
+_ONE = _F(1.0)
+_INF = _F(np.inf)
+
+#: Query rows per group of the causal diagonal region.
+DIAGONAL_ROWS = 64
+
+
+def attention_scratch(rows: int, kv_block: int, head_dim: int) -> int:
+    """Float32 elements of scratch one :func:`attention_rows` call needs."""
+    return rows * kv_block + 2 * rows * head_dim + 3 * rows
+
+
+@jit
+def _row_peak(row, count):
+    """Largest of ``row[:count]`` by order keys (a NaN with a clear sign bit wins: NaN rows stay NaN)."""
+    wide_vectors()
+    best = order_key(-_INF)
+    for t in range(count):
+        key = order_key(row[t])
+        best = key if key > best else best
+    return order_key(best)
+
+
+@jit_reassoc
+def _exp_row(row, count, shift):
+    """``row[t] = exp(row[t] - shift)`` for ``t < count``, 0 beyond; returns the sum."""
+    wide_vectors()
+    total = _ZERO
+    for t in range(count):
+        e = exp_fast_nan(row[t] - shift)
+        row[t] = e
+        total += e
+    for t in range(count, row.shape[0]):
+        row[t] = _ZERO
+    return total
+
+
+@jit
+def _softmax_rows(scores, nr, kb, diagonal, first_visible, peak, total, acc, head_dim):
+    """Online-softmax step for ``nr`` score rows of ``kb`` keys.
+
+    Row ``u`` sees the first ``first_visible + u`` keys of the chunk on the ``diagonal``,
+    every key otherwise.
+    """
+    wide_vectors()
+    for u in range(nr):
+        row = scores[u * kb : (u + 1) * kb]
+        count = max(0, min(kb, first_visible + u)) if diagonal else kb
+        old = peak[u]
+        new = _row_peak(row, count)
+        new = new if new > old or new != new else old
+        safe = new if new > -_INF else _ZERO
+        old_safe = old if old > -_INF else _ZERO
+        correction = exp_fast_nan(old_safe - safe) if total[u] != _ZERO else _ONE
+        total[u] = total[u] * correction + _exp_row(row, count, safe)
+        peak[u] = new
+        if correction != _ONE:
+            line = acc[u * head_dim : (u + 1) * head_dim]
+            for d in range(head_dim):
+                line[d] = line[d] * correction
+
+
+@jit
+def _chunk(k, v, qs, u0, u1, j0, j1, diagonal, first_visible, scores, peak, total, acc):
+    """Keys ``[j0, j1)`` for block rows ``[u0, u1)``: scores, online softmax, ``acc += P V``."""
+    head_dim = k.shape[1]
+    nr, kb = u1 - u0, j1 - j0
+    kf = k.reshape(-1)
+    vf = v.reshape(-1)
+    # Column-major: S^T (kb x nr) = K_chunk (kb x D) @ Qs^T (D x nr).
+    sgemm(
+        YES,
+        NO,
+        kb,
+        nr,
+        head_dim,
+        1.0,
+        kf,
+        j0 * head_dim,
+        head_dim,
+        qs,
+        u0 * head_dim,
+        head_dim,
+        0.0,
+        scores,
+        0,
+        kb,
+    )
+    _softmax_rows(
+        scores,
+        nr,
+        kb,
+        diagonal,
+        first_visible,
+        peak[u0:u1],
+        total[u0:u1],
+        acc[u0 * head_dim : u1 * head_dim],
+        head_dim,
+    )
+    # Column-major: acc^T (D x nr) += V_chunk^T (D x kb) @ P^T (kb x nr).
+    sgemm(
+        NO,
+        NO,
+        head_dim,
+        nr,
+        kb,
+        1.0,
+        vf,
+        j0 * head_dim,
+        head_dim,
+        scores,
+        0,
+        kb,
+        1.0,
+        acc,
+        u0 * head_dim,
+        head_dim,
+    )
+
+
+@jit
+def attention_rows(q, k, v, o, i0, i1, scale, causal, offset, kv_block, work):
+    """Output rows ``[i0, i1)`` of one head: ``softmax(q K^T * scale) V`` over its visible keys.
+
+    ``q`` / ``o`` are [seq_q, D], ``k`` / ``v`` [seq_kv, D] (C-contiguous float32). With
+    ``causal``, query ``i`` sees key ``j`` iff ``j <= i + offset``. ``work`` holds
+    :func:`attention_scratch` elements. A row that sees no key is 0.
+    """
+    rows = i1 - i0
+    head_dim = q.shape[1]
+    seq_kv = k.shape[0]
+    scores = work[: rows * kv_block]
+    qs = work[rows * kv_block : rows * kv_block + rows * head_dim]
+    acc = work[rows * kv_block + rows * head_dim : rows * kv_block + 2 * rows * head_dim]
+    rest = rows * kv_block + 2 * rows * head_dim
+    peak = work[rest : rest + rows]
+    total = work[rest + rows : rest + 2 * rows]
+    for u in range(rows):
+        src = q[i0 + u]
+        for d in range(head_dim):
+            qs[u * head_dim + d] = src[d] * scale
+    acc[:] = _ZERO
+    peak[:] = -_INF
+    total[:] = _ZERO
+    if causal:
+        kv_end = max(0, min(seq_kv, i1 + offset))
+        open_end = max(0, min(kv_end, i0 + offset + 1))
+    else:
+        kv_end = open_end = seq_kv
+    # Keys every row of the block sees, in chunks of kv_block.
+    chunks = -(-open_end // kv_block)
+    for c in range(chunks):
+        j0 = open_end * c // chunks
+        j1 = open_end * (c + 1) // chunks
+        _chunk(k, v, qs, 0, rows, j0, j1, False, 0, scores, peak, total, acc)
+    # The diagonal region: each group of rows multiplies only the keys its last row sees.
+    for u0 in range(0, rows, DIAGONAL_ROWS):
+        u1 = min(rows, u0 + DIAGONAL_ROWS)
+        end = max(open_end, min(kv_end, i0 + u1 + offset))
+        j0 = open_end
+        while j0 < end:
+            j1 = min(end, j0 + kv_block)
+            # Row u sees keys < i0 + u + offset + 1, i.e. (i0 + u0 + offset + 1 - j0) + (u - u0) of the chunk.
+            _chunk(k, v, qs, u0, u1, j0, j1, True, i0 + u0 + offset + 1 - j0, scores, peak, total, acc)
+            j0 = j1
+    for u in range(rows):
+        dst = o[i0 + u]
+        line = acc[u * head_dim : (u + 1) * head_dim]
+        t = total[u]
+        if t > _ZERO or t != t:
+            factor = _ONE / t
+            for d in range(head_dim):
+                dst[d] = line[d] * factor
+        else:
+            dst[:] = _ZERO
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's cache) the kernel now."""
+    q = np.zeros((4, 2), dtype=_F)
+    work = np.zeros(attention_scratch(4, 4, 2), dtype=_F)
+    attention_rows(q, q, q, q, 0, 4, 1.0, True, 0, 4, work)
