@@ -15,11 +15,8 @@
  * is: col2im folds only the (tap, position) pairs that exist.
  */
 #include "dialect.h"
+#include "fold.h"
 #include "gemm_tile.h"
-
-#ifndef LS
-#define LS 64
-#endif
 
 #define CHAL_CONV_PARAMS                                                                         \
     int c0, int Cg, int C, int H, int W, int fh, int fw, int oh, int ow, int sh, int sw, int pt, int pl, \
@@ -96,6 +93,14 @@ KERNEL void pack_b_grad_out(GLOBAL const REAL* RESTRICT gy, i64 gyo, i64 n0, int
     }
 }
 
+/* The output index along one axis whose tap `f` reads input index `at`, or -1 when there is none
+ * (the tap would sit between two strides or outside the output). */
+DEVICE int chal_tap_out(int at, int pad, int f, int dil, int stride, int out) {
+    int t = at + pad - f * dil;
+    if (t < 0 || t % stride != 0 || t / stride >= out) return -1;
+    return t / stride;
+}
+
 /* Data gradient: gx[n0 + b, c, y, x] = the sum of the column gradients of every (tap, output
  * position) that reads input (y, x); gcols[b] is S x (C * Fh * Fw) column-major (every group's
  * columns side by side, channel-major like the filter). Positions the forward pass never
@@ -112,13 +117,11 @@ KERNEL void col2im(GLOBAL const REAL* RESTRICT gcols, GLOBAL REAL* RESTRICT gx, 
     GLOBAL const REAL* g = gcols + b * (i64)C * fh * fw * spatial;
     REAL acc = (REAL)0;
     for (int fr = 0; fr < fh; ++fr) {
-        int ty = yy + pt - fr * dh;
-        if (ty < 0 || ty % sh != 0 || ty / sh >= oh) continue;
-        int oy = ty / sh;
+        int oy = chal_tap_out(yy, pt, fr, dh, sh, oh);
+        if (oy < 0) continue;
         for (int fs = 0; fs < fw; ++fs) {
-            int tx = xx + pl - fs * dw;
-            if (tx < 0 || tx % sw != 0 || tx / sw >= ow) continue;
-            int ox = tx / sw;
+            int ox = chal_tap_out(xx, pl, fs, dw, sw, ow);
+            if (ox < 0) continue;
             i64 crs = ((i64)c * fh + fr) * fw + fs;
             acc += g[crs * spatial + (i64)oy * ow + ox];
         }
@@ -206,13 +209,11 @@ KERNEL void conv_bwd_data_direct(GLOBAL const REAL* RESTRICT gy, i64 gyo, GLOBAL
     int cl = c - g * Cg;
     REAL acc = (REAL)0;
     for (int fr = 0; fr < fh; ++fr) {
-        int ty = yy + pt - fr * dh;
-        if (ty < 0 || ty % sh != 0 || ty / sh >= oh) continue;
-        int oy = ty / sh;
+        int oy = chal_tap_out(yy, pt, fr, dh, sh, oh);
+        if (oy < 0) continue;
         for (int fs = 0; fs < fw; ++fs) {
-            int tx = xx + pl - fs * dw;
-            if (tx < 0 || tx % sw != 0 || tx / sw >= ow) continue;
-            int ox = tx / sw;
+            int ox = chal_tap_out(xx, pl, fs, dw, sw, ow);
+            if (ox < 0) continue;
             for (int kl = 0; kl < kg; ++kl) {
                 int k = g * kg + kl;
                 acc += gy[gyo + (n * K + k) * (i64)oh * ow + (i64)oy * ow + ox] *
@@ -252,39 +253,29 @@ KERNEL void conv_bwd_filter_direct(GLOBAL const REAL* RESTRICT x, i64 xo, GLOBAL
         if (yy < 0 || yy >= H || xx < 0 || xx >= W) continue;
         acc += x[xo + ((n * C + c) * (i64)H + yy) * W + xx] * gy[gyo + (n * K + k) * spatial + s];
     }
-    part[LID(0)] = acc;
-    BARRIER();
-    for (int span = LS / 2; span > 0; span >>= 1) {
-        if (LID(0) < span) part[LID(0)] += part[LID(0) + span];
-        BARRIER();
-    }
-    if (LID(0) == 0) gf[gfo + e] = part[0];
+    acc = chal_group_reduce(part, REDUCE_SUM, acc);
+    if (LID(0) == 0) gf[gfo + e] = acc;
 }
 
 /* flags[row] = 1 if src[row * len .. (row + 1) * len) holds a NaN or an infinity, else 0.
  * One work-group of LS per row. */
 KERNEL void nonfinite_rows(GLOBAL const REAL* src, i64 so, i64 len, GLOBAL int* flags) {
-    SHARED int any[LS];
+    SHARED REAL part[LS];
     i64 row = GRP(0);
     int found = 0;
     for (i64 i = LID(0); i < len; i += LS) {
         REAL v = src[so + row * len + i];
         found |= (v - v) != (REAL)0; /* NaN or +-inf */
     }
-    any[LID(0)] = found;
-    BARRIER();
-    for (int span = LS / 2; span > 0; span >>= 1) {
-        if (LID(0) < span) any[LID(0)] |= any[LID(0) + span];
-        BARRIER();
-    }
-    if (LID(0) == 0) flags[row] = any[0];
+    found = chal_group_reduce(part, REDUCE_MAX, (REAL)found) > (REAL)0;
+    if (LID(0) == 0) flags[row] = found;
 }
 
 /* flags[k] = 1 if grad_output channel k holds a NaN or an infinity at a border position of any
  * image (see chal_border_pos), else 0. One work-group of LS per output channel. */
 KERNEL void nonfinite_border(GLOBAL const REAL* gy, i64 gyo, int N, int K, int oh, int ow, int r0, int r1, int q0,
                              int q1, GLOBAL int* flags) {
-    SHARED int any[LS];
+    SHARED REAL part[LS];
     int k = (int)GRP(0);
     i64 count = (i64)oh * ow - (i64)(r1 - r0) * (q1 - q0);
     int found = 0;
@@ -295,13 +286,8 @@ KERNEL void nonfinite_border(GLOBAL const REAL* gy, i64 gyo, int N, int K, int o
         REAL v = gy[gyo + (n * K + k) * (i64)oh * ow + (i64)i * ow + j];
         found |= (v - v) != (REAL)0;
     }
-    any[LID(0)] = found;
-    BARRIER();
-    for (int span = LS / 2; span > 0; span >>= 1) {
-        if (LID(0) < span) any[LID(0)] |= any[LID(0) + span];
-        BARRIER();
-    }
-    if (LID(0) == 0) flags[k] = any[0];
+    found = chal_group_reduce(part, REDUCE_MAX, (REAL)found) > (REAL)0;
+    if (LID(0) == 0) flags[k] = found;
 }
 
 /* y[n, k, s] += bias[k]. Grid (S, K, N). */
