@@ -121,9 +121,11 @@ class CpuPlumbing(TableBackend):
 
     @staticmethod
     def _flat(region: Region, dtype: np.dtype[Any]) -> FloatArray:
-        """``region`` as a 1-D array of ``dtype``."""
-        count = region.nbytes // dtype.itemsize
-        return np.ndarray((count,), dtype=dtype, buffer=region.payload, offset=region.offset)
+        """``region`` as a 1-D array of ``dtype`` (``frombuffer``: half the cost of ``ndarray(buffer=)``)."""
+        flat: FloatArray = np.frombuffer(
+            region.payload, dtype, region.nbytes // dtype.itemsize, region.offset
+        )
+        return flat
 
     @staticmethod
     def _matrix(region: Region, rows: int, cols: int, ld: int, dtype: np.dtype[Any]) -> FloatArray:
