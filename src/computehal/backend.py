@@ -815,6 +815,8 @@ class ComputeBackend(abc.ABC):
         LEAKY_RELU (``x`` if ``x >= 0`` else ``alpha * x``; keyword ``alpha``, default
         0.01) and CLIP (``min(max(x, lo), hi)``; keywords ``lo`` / ``hi``, default
         -inf / +inf). Passing ``alpha`` / ``lo`` / ``hi`` to another op is an error.
+        GELU, GELU_TANH and SILU follow their formulas literally, so at -inf they give
+        NaN (``-inf * 0``), as IEEE arithmetic does.
         Partially overlapping input and output behave as if the input were read first.
         """
 
