@@ -117,6 +117,9 @@ KERNEL void attention_fwd(CHAL_ATTN_PARAMS) {
     }
 }
 
+/* Builds that launch only attention_fwd (CUDA) define ATTENTION_NO_VEC to leave out the vector
+ * kernel below, which takes most of the compile time. */
+#ifndef ATTENTION_NO_VEC
 /* The same attention for CPU devices: one work-item per group owns BQ query rows of one
  * (batch, head) and computes with explicit VW-wide vectors (PoCL compiles them to AVX registers
  * as written). Per key tile of BKV (<= 64) rows it stages K transposed and V in private memory,
@@ -293,3 +296,4 @@ KERNEL void attention_fwd_vec(CHAL_ATTN_PARAMS) {
         for (int d = 0; d < hd; ++d) out[d] = (bad[r] || run_sum[r] == (REAL)0) ? none : ar[d] / run_sum[r];
     }
 }
+#endif /* ATTENTION_NO_VEC */
