@@ -11,16 +11,22 @@ from ._conv import ConvOps
 from ._elementwise import ElementwiseOps
 from ._gemm import GemmOps
 from ._movement import MovementOps
+from ._pool import PoolOps
 
 __all__ = ["CudaBackend"]
 
 _F32 = frozenset({"float32"})
+#: Operations whose kernels are built for float32 and float64.
+_REAL_OPS = (
+    "conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter", "pool2d", "reduce", "softmax",
+    "layer_norm", "rms_norm", "batch_norm", "lrn", "unary", "binary", "broadcast_binary",
+)  # fmt: skip
 _FLOATS = frozenset({"float32", "float64"})
 #: Bit copies and conversions take every storage dtype.
 _STORAGE = frozenset({"float16", "bfloat16", "float32", "float64"})
 
 
-class CudaBackend(GemmOps, ConvOps, AttentionOps, AxisOps, ElementwiseOps, MovementOps):
+class CudaBackend(GemmOps, ConvOps, PoolOps, AttentionOps, AxisOps, ElementwiseOps, MovementOps):
     """An NVIDIA (or, with CuPy's ROCm build, AMD) GPU through CuPy.
 
     Parameters
@@ -48,7 +54,7 @@ class CudaBackend(GemmOps, ConvOps, AttentionOps, AxisOps, ElementwiseOps, Movem
         table = {op: _F32 for op in ALL_OPS if self._overrides(f"_exec_{op}")}
         for op in ("gemm", "batched_gemm"):
             table[op] = _FLOATS | sixteen
-        for op in ("unary", "binary", "broadcast_binary"):
+        for op in _REAL_OPS:
             table[op] = _FLOATS
         for op in ("fill", "copy_strided", "gather", "scatter", "cast"):
             table[op] = _STORAGE

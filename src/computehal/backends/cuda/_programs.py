@@ -32,6 +32,7 @@ from ._driver import import_cupy
 
 __all__ = [
     "ATTENTION_BQ",
+    "CONV_LS",
     "NVRTC_OPTIONS",
     "REDUCE_LS",
     "KernelSource",
@@ -47,7 +48,9 @@ __all__ = [
     "kernel_sources",
     "movement_unit",
     "narrow_unit",
+    "norm_unit",
     "nvrtc_compile",
+    "pool_unit",
     "real_of",
     "reduce_unit",
     "target_arch",
@@ -165,17 +168,37 @@ def movement_unit() -> KernelSource:
 
 @functools.cache
 def reduce_unit(real: str) -> KernelSource:
-    """Reductions and softmax along an axis (``inner == 1``: a block per row)."""
-    functions = ("reduce_rows", "reduce_cols", "softmax_rows", "softmax_cols")
+    """Reductions and (log-)softmax along an axis (``inner == 1``: a block per row)."""
+    functions = ("reduce_rows", "reduce_rows_split", "reduce_cols", "softmax_rows", "softmax_cols")
     return _unit("reduce.cl", {**_real_defines(real), "LS": REDUCE_LS, "CONTIG": 0}, functions)
 
 
 @functools.cache
-def conv_unit(vw: int) -> KernelSource:
-    """Convolution operand packing for cuBLAS (panels of ``MR = 2 * vw`` rows) and col2im."""
-    return _unit(
-        "conv.cl", {"REAL": "float", "VW": vw, "NR": 4}, ("pack_a_im2col", "pack_a_cols_t", "col2im")
-    )
+def norm_unit(real: str) -> KernelSource:
+    """Layer / RMS normalisation of rows (a block per row), batch normalisation and LRN."""
+    functions = ("norm_rows", "batch_norm", "lrn")
+    return _unit("norm.cl", {**_real_defines(real), "LS": REDUCE_LS, "CONTIG": 0}, functions)
+
+
+@functools.cache
+def pool_unit(real: str) -> KernelSource:
+    """Max and average pooling, a thread per output pixel."""
+    return _unit("pool.cl", _real_defines(real), ("pool2d",))
+
+
+#: Threads per block of the convolution kernels that fold in shared memory.
+CONV_LS = 64
+
+
+@functools.cache
+def conv_unit(real: str, vw: int) -> KernelSource:
+    """Convolution operand packing for cuBLAS (panels of ``MR = 2 * vw`` rows), col2im, and
+    the direct kernels (depthwise convolutions, border recomputation, bias)."""
+    functions = (
+        "pack_a_im2col", "pack_a_cols_t", "col2im", "conv_fwd_direct", "conv_bwd_data_direct",
+        "conv_bwd_filter_direct", "nonfinite_rows", "nonfinite_border", "conv_bias",
+    )  # fmt: skip
+    return _unit("conv.cl", {**_real_defines(real), "VW": vw, "NR": 4, "LS": CONV_LS}, functions)
 
 
 def attention_bkv(head_dim: int) -> int:
@@ -213,8 +236,9 @@ def kernel_sources(head_dims: Iterable[int] = (64, 128)) -> list[KernelSource]:
     """
     units = [narrow_unit(), cast_unit(), movement_unit()]
     units += [elementwise_unit(real) for real in ("float", "double")]
-    units += [reduce_unit("float")]
-    units += [conv_unit(vw) for vw in CONV_WIDTHS]
+    for real in ("float", "double"):
+        units += [reduce_unit(real), norm_unit(real), pool_unit(real)]
+        units += [conv_unit(real, vw) for vw in CONV_WIDTHS]
     units += [attention_unit(int(hd)) for hd in head_dims]
     return units
 
