@@ -475,6 +475,29 @@ def test_rows_beyond_grid_y(emu: Any, index_dtype: str | None) -> None:
         emu.free(ptr)
 
 
+@needs_emulator
+@pytest.mark.parametrize("index_dtype", ["int32", "int64"])
+def test_device_indices_checked_on_the_device(emu: Any, index_dtype: str) -> None:
+    """A bad device index raises before anything is written, also when rows have no columns."""
+    table = put(emu, np.arange(12, dtype=np.float32))
+    out = put(emu, np.full(9, -1.0, dtype=np.float32))
+    for bad, message in (
+        ([1, -3, 2], "index -3 is negative"),
+        ([1, 2, 7], "index 7 is out of range for 4 rows"),
+    ):
+        idx = put(emu, np.array(bad, dtype=index_dtype))
+        for cols in (3, 0):
+            with pytest.raises(InvalidArgumentError, match=message):
+                emu.gather(table, 3, out, 4, cols, indices_ptr=idx, index_dtype=index_dtype)
+            with pytest.raises(InvalidArgumentError, match=message):
+                emu.scatter(out, 3, table, 4, cols, indices_ptr=idx, index_dtype=index_dtype)
+        emu.free(idx)
+    np.testing.assert_array_equal(get(emu, table, 12), np.arange(12, dtype=np.float32))
+    np.testing.assert_array_equal(get(emu, out, 9), np.full(9, -1.0, dtype=np.float32))
+    emu.free(table)
+    emu.free(out)
+
+
 def _bf16(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     import ml_dtypes
 

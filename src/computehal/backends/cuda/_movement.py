@@ -92,6 +92,10 @@ class MovementOps(CudaCore):
         bits = p.dtype.itemsize * 8
         block = _row_block(p.cols)
         with self._scratches() as held:
+            if p.cols == 0:  # nothing to copy, but device indices are still checked
+                if p.indices is None:
+                    self._device_indices(held, p)
+                return
             if p.indices is not None:
                 idx, kind = self._upload_indices(held, p.indices), "i64"
             else:
@@ -106,11 +110,13 @@ class MovementOps(CudaCore):
                 )  # fmt: skip
 
     def _exec_scatter(self, p: v.RowsProblem) -> None:
-        if p.count == 0 or p.cols == 0:
-            return
         bits = p.dtype.itemsize * 8
         block = _row_block(p.cols)
         with self._scratches() as held:
+            if p.cols == 0:  # nothing to copy, but device indices are still checked
+                if p.indices is None:
+                    self._device_indices(held, p)
+                return
             if p.indices is None:
                 self._scatter_device(held, p)
                 return
