@@ -37,6 +37,7 @@ import pytest
 from computehal import DeviceError, InvalidArgumentError, NotInitializedError, OutOfMemoryError
 from computehal.backends import cuda
 from computehal.backends.cuda import _programs
+from computehal.backends.cuda._attention import head_pieces
 from computehal.backends.cuda._core import split_outer
 
 ARCHES = ("80", "90")
@@ -252,6 +253,24 @@ def test_split_outer_covers_every_outer_index_once(dims: list[int], limit: int) 
     assert sorted(seen) == sorted(expected)
 
 
+@pytest.mark.parametrize(
+    ("batch", "heads", "group", "limit"),
+    [(5, 3, 1, 7), (2, 12, 4, 8), (2, 12, 4, 5), (3, 10, 10, 4), (1, 9, 3, 9), (4, 6, 2, 2)],
+)
+def test_head_pieces_cover_every_pair_with_its_key_value_head(
+    batch: int, heads: int, group: int, limit: int
+) -> None:
+    seen = []
+    for b0, nb, h0, nh, grp in head_pieces(batch, heads, group, limit):
+        assert nb * nh <= limit and nh % grp == 0
+        for bh in range(nb * nh):  # what the kernel computes from its block index
+            b, h = divmod(bh, nh)
+            kvh = b * (nh // grp) + h // grp
+            seen.append(((b0 + b, h0 + h), (b0 * (heads // group) + h0 // group) + kvh))
+    expected = [((b, h), b * (heads // group) + h // group) for b in range(batch) for h in range(heads)]
+    assert sorted(seen) == expected
+
+
 def test_kernel_sources_are_self_contained() -> None:
     units = cuda.kernel_sources(head_dims=HEAD_DIMS)
     names = [u.module for u in units]
@@ -428,6 +447,19 @@ def test_emulated_close_releases_the_device(tmp_path: Path) -> None:
     backend.init()  # opens afresh
     assert backend._dev is not device
     backend.close()
+
+
+@needs_emulator
+def test_freed_addresses_wait_before_reuse(emu: Any) -> None:
+    """The pool would hand a freed block out again at once: a quarantine keeps stale pointers stale."""
+    stale = emu.alloc(4096)
+    emu.free(stale)
+    fresh = [emu.alloc(4096) for _ in range(8)]
+    assert stale not in fresh
+    with pytest.raises(InvalidArgumentError, match="freed"):
+        emu.fill(stale, 4, 1.0)
+    for ptr in fresh:
+        emu.free(ptr)
 
 
 @needs_emulator

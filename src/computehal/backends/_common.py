@@ -28,6 +28,7 @@ __all__ = [
     "chunks",
     "collapse",
     "fill_pattern",
+    "head_bucket",
     "refuse_extensions",
     "round_up",
     "strided_outer",
@@ -87,6 +88,19 @@ def chunks(
     step = max(1, min(most, budget // per_item_bytes if per_item_bytes else most))
     for start in range(0, total, step):
         yield start, min(total, start + step)
+
+
+def head_bucket(head_dim: int) -> int:
+    """The head dimension an attention kernel is built for: ``head_dim`` rounded up to a bucket.
+
+    Multiples of 16 up to 256, of 128 up to 2048, powers of two beyond; the true head
+    dimension is a kernel argument, so the number of attention builds stays small.
+    """
+    if head_dim <= 256:
+        return round_up(head_dim, 16)
+    if head_dim <= 2048:
+        return round_up(head_dim, 128)
+    return 1 << (head_dim - 1).bit_length()
 
 
 def collapse(shape: Sequence[int], *strides: Sequence[int]) -> tuple[list[int], list[list[int]]]:

@@ -18,8 +18,8 @@ __all__ = ["CudaBackend"]
 _F32 = frozenset({"float32"})
 #: Operations whose kernels are built for float32 and float64.
 _REAL_OPS = (
-    "conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter", "pool2d", "reduce", "softmax",
-    "layer_norm", "rms_norm", "batch_norm", "lrn", "unary", "binary", "broadcast_binary",
+    "conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter", "pool2d", "attention",
+    "reduce", "softmax", "layer_norm", "rms_norm", "batch_norm", "lrn", "unary", "binary", "broadcast_binary",
 )  # fmt: skip
 _FLOATS = frozenset({"float32", "float64"})
 #: Bit copies and conversions take every storage dtype.

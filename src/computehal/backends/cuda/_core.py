@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
+from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-from ...errors import DeviceError, UnsupportedError
+from ...errors import DeviceError, OutOfMemoryError, UnsupportedError
 from ...memory import Allocation, Region
 from ...types import Capabilities, DeviceInfo
 from .._base import TableBackend, guarded
@@ -75,6 +77,41 @@ def split_outer(
             yield [1] * axis + [length, *outer[axis + 1 :], dims[-1]], offsets
 
 
+class Quarantine:
+    """Freed device blocks held back from the pool for a while (bounded by count and bytes).
+
+    CuPy's pool hands a freed block out again at once; holding the most recent ones keeps
+    their addresses unused, so a stale pointer is reported as freed instead of silently
+    naming new memory (as address sanitizers do). The oldest blocks leave first; a block
+    larger than a quarter of the byte budget goes back at once.
+    """
+
+    def __init__(self, blocks: int = 4096, nbytes: int = 256 << 20) -> None:
+        self.blocks, self.nbytes = blocks, nbytes
+        self._held: deque[tuple[Any, int]] = deque()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def hold(self, payload: Any, nbytes: int) -> None:
+        """Keep ``payload`` (a pool block) alive for a while; drop the oldest beyond the bounds."""
+        if nbytes > self.nbytes // 4:
+            return
+        evicted = []
+        with self._lock:
+            self._held.append((payload, nbytes))
+            self._bytes += nbytes
+            while len(self._held) > self.blocks or self._bytes > self.nbytes:
+                evicted.append(self._held.popleft())
+                self._bytes -= evicted[-1][1]
+        evicted.clear()  # the pool gets them back here, outside the lock
+
+    def flush(self) -> bool:
+        """Give every held block back to the pool; True if there was any."""
+        with self._lock:
+            held, self._held, self._bytes = list(self._held), deque(), 0
+        return bool(held)
+
+
 class _RuntimeKind:
     """``CudaBackend.kind``: ``"cuda"`` on the class; on an instance ``"rocm"`` under CuPy's HIP build."""
 
@@ -91,6 +128,7 @@ class CudaCore(TableBackend):
         super().__init__(device)
         self._info: DeviceInfo | None = None
         self._dev: Any = None
+        self._quarantine = Quarantine()
 
     # ------------------------------------------------------------------ identity
 
@@ -129,9 +167,12 @@ class CudaCore(TableBackend):
         return device
 
     def _open(self) -> None:
-        self._dev = self._connect(self._device_record())
+        info = self._device_record()
+        self._quarantine = Quarantine(nbytes=min(256 << 20, max(1 << 20, info.total_memory_bytes // 64)))
+        self._dev = self._connect(info)
 
     def _shutdown(self) -> None:
+        self._quarantine.flush()
         device, self._dev = self._dev, None
         if device is not None:
             device.close()
@@ -148,12 +189,23 @@ class CudaCore(TableBackend):
         return total or None
 
     def _allocate(self, nbytes: int) -> tuple[int, Any]:
-        base, memory = self._dev.allocate(nbytes)
+        try:
+            base, memory = self._dev.allocate(nbytes)
+        except OutOfMemoryError:
+            if not self._quarantine.flush():
+                raise
+            base, memory = self._dev.allocate(nbytes)
         return int(base), memory
 
     def _release(self, allocation: Allocation) -> None:
-        # The pool gets the block back; work already issued on the stream is ordered before any reuse.
-        allocation.payload = None
+        # The block waits in the quarantine, then goes back to the pool; work already issued on
+        # the stream is ordered before any reuse.
+        payload, allocation.payload = allocation.payload, None
+        self._quarantine.hold(payload, allocation.size)
+
+    def _drop_scratch(self, scratch: Region) -> None:
+        # Scratch addresses were never handed out: straight back to the pool.
+        scratch.allocation.payload = None
 
     def _borrow_payload(self, address: int, nbytes: int, owner: object) -> Any:
         if not self._dev.owns(address, nbytes):

@@ -28,6 +28,7 @@ from typing import Any
 from ...errors import DeviceError
 from ...kernels import kernel_source
 from ...types import BinaryOp, UnaryOp
+from .._common import head_bucket
 from ._driver import import_cupy
 
 __all__ = [
@@ -98,8 +99,8 @@ _PRELUDE = """#ifndef INFINITY
 REDUCE_LS = 256
 #: Query rows (threads) per attention block.
 ATTENTION_BQ = 64
-#: Floats of key and value tile the attention kernel stages in shared memory (48 KiB in all).
-_ATTENTION_TILE = 6144
+#: Bytes of static shared memory a block may declare (the attention kernel's K and V tiles).
+_SHARED_BYTES = 48 * 1024
 
 _REAL = {"float32": "float", "float64": "double"}
 
@@ -201,20 +202,23 @@ def conv_unit(real: str, vw: int) -> KernelSource:
     return _unit("conv.cl", {**_real_defines(real), "VW": vw, "NR": 4, "LS": CONV_LS}, functions)
 
 
-def attention_bkv(head_dim: int) -> int:
-    """Key rows per shared-memory tile of the attention kernel for ``head_dim``."""
-    return max(1, min(64, _ATTENTION_TILE // head_dim))
+def attention_bkv(real: str, bucket: int) -> int:
+    """Key rows per shared-memory tile of the attention kernel (K and V tiles within 48 KiB); 0 if
+    not even one row fits."""
+    size = 8 if real == "double" else 4
+    return min(64, _SHARED_BYTES // (2 * size * bucket))
 
 
 @functools.cache
-def attention_unit(head_dim: int) -> KernelSource:
-    """Flash attention specialised for ``head_dim`` (HD is a compile-time constant)."""
-    defines = {"HD": head_dim, "BQ": ATTENTION_BQ, "BKV": attention_bkv(head_dim), "ATTENTION_NO_VEC": 1}
+def attention_unit(real: str, bucket: int) -> KernelSource:
+    """Flash attention for head dimensions up to ``bucket`` (HD, a compile-time constant; the true
+    head dimension is an argument), without the CPU-only vector kernel."""
+    defines = {
+        **_real_defines(real), "HD": bucket, "BQ": ATTENTION_BQ, "BKV": attention_bkv(real, bucket),
+        "ATTENTION_NO_VEC": 1,
+    }  # fmt: skip
     return _unit("attention.cl", defines, ("attention_fwd",))
 
-
-#: Largest head_dim the attention kernel takes (its shared-memory tiles hold at least one key row).
-ATTENTION_MAX_DIM = _ATTENTION_TILE
 
 #: Panel widths of the convolution packing (``VW``; MR = 2 * VW rows per panel).
 CONV_WIDTHS = (8, 64)
@@ -226,7 +230,8 @@ def kernel_sources(head_dims: Iterable[int] = (64, 128)) -> list[KernelSource]:
     Parameters
     ----------
     head_dims : iterable of int
-        Attention is specialised per head dimension; one unit per entry.
+        Attention is specialised per bucket of head dimensions (``head_bucket``); one unit per
+        bucket the entries fall in, in float and double.
 
     Returns
     -------
@@ -239,7 +244,8 @@ def kernel_sources(head_dims: Iterable[int] = (64, 128)) -> list[KernelSource]:
     for real in ("float", "double"):
         units += [reduce_unit(real), norm_unit(real), pool_unit(real)]
         units += [conv_unit(real, vw) for vw in CONV_WIDTHS]
-    units += [attention_unit(int(hd)) for hd in head_dims]
+    buckets = sorted({head_bucket(int(hd)) for hd in head_dims})
+    units += [attention_unit(real, hd) for real in ("float", "double") for hd in buckets]
     return units
 
 

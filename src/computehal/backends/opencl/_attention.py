@@ -17,7 +17,7 @@ import numpy as np
 from ... import validation as v
 from ...dtypes import F64
 from ...errors import InvalidArgumentError, UnsupportedError
-from .._common import ceil_div, round_up
+from .._common import ceil_div, head_bucket, round_up
 from ._core import OpenCLCore
 from ._runtime import Operand
 
@@ -35,15 +35,6 @@ _ATTN_PRIVATE = 1 << 20
 #: Query rows per work-item of the vector attention kernel (CPU devices), and its largest head_dim.
 _VEC_ATTN_BQ = 16
 _VEC_ATTN_MAX_DIM = 256
-
-
-def head_bucket(head_dim: int) -> int:
-    """The head dimension an attention kernel is built for: ``head_dim`` rounded up to a bucket."""
-    if head_dim <= 256:
-        return round_up(head_dim, 16)
-    if head_dim <= 2048:
-        return round_up(head_dim, 128)
-    return 1 << (head_dim - 1).bit_length()
 
 
 class AttentionOps(OpenCLCore):
