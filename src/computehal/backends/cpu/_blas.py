@@ -17,13 +17,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["gemm_at"]
+__all__ = ["gemm_at", "gemv_at"]
 
 _c_int_p = ctypes.POINTER(ctypes.c_int)
 
 
-@functools.cache
-def _routine(name: str) -> Callable[..., None]:
+def _address(name: str) -> int:
     import scipy.linalg.cython_blas as cython_blas
 
     capsule = cython_blas.__pyx_capi__[name]
@@ -33,7 +32,34 @@ def _routine(name: str) -> Callable[..., None]:
     get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
     get_pointer.restype = ctypes.c_void_p
     get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    address = get_pointer(capsule, get_name(capsule))
+    address: int = get_pointer(capsule, get_name(capsule))
+    return address
+
+
+@functools.cache
+def _gemv_routine(name: str) -> Callable[..., None]:
+    scalar = ctypes.c_double if name.startswith("d") else ctypes.c_float
+    prototype = ctypes.CFUNCTYPE(
+        None,
+        ctypes.c_char_p,
+        _c_int_p,
+        _c_int_p,
+        ctypes.POINTER(scalar),
+        ctypes.c_void_p,
+        _c_int_p,
+        ctypes.c_void_p,
+        _c_int_p,
+        ctypes.POINTER(scalar),
+        ctypes.c_void_p,
+        _c_int_p,
+    )
+    function: Callable[..., None] = prototype(_address(name))
+    return function
+
+
+@functools.cache
+def _routine(name: str) -> Callable[..., None]:
+    address = _address(name)
     scalar = ctypes.c_double if name.startswith("d") else ctypes.c_float
     prototype = ctypes.CFUNCTYPE(
         None,
@@ -92,4 +118,40 @@ def gemm_at(
         ctypes.byref(scalar(beta)),
         c,
         ctypes.byref(ctypes.c_int(ldc)),
+    )
+
+
+def gemv_at(
+    dtype: np.dtype[Any],
+    trans: bool,
+    rows: int,
+    cols: int,
+    alpha: float,
+    a: int,
+    lda: int,
+    x: int,
+    incx: int,
+    beta: float,
+    y: int,
+    incy: int,
+) -> None:
+    """Call Fortran ``?gemv`` on raw addresses: ``y = alpha * op(A) @ x + beta * y``.
+
+    ``A`` is stored ``rows x cols`` column-major with leading dimension ``lda``; like
+    :func:`gemm_at`, the caller has validated every range and handled quick returns.
+    """
+    routine = _gemv_routine("dgemv" if dtype == np.float64 else "sgemv")
+    scalar = ctypes.c_double if dtype == np.float64 else ctypes.c_float
+    routine(
+        b"T" if trans else b"N",
+        ctypes.byref(ctypes.c_int(rows)),
+        ctypes.byref(ctypes.c_int(cols)),
+        ctypes.byref(scalar(alpha)),
+        a,
+        ctypes.byref(ctypes.c_int(lda)),
+        x,
+        ctypes.byref(ctypes.c_int(incx)),
+        ctypes.byref(scalar(beta)),
+        y,
+        ctypes.byref(ctypes.c_int(incy)),
     )

@@ -16,7 +16,7 @@ from ... import validation as v
 from ...dtypes import F32
 from ...memory import Region, ceil_div
 from ...types import MixedPrecision
-from ._blas import gemm_at
+from ._blas import gemm_at, gemv_at
 from ._plumbing import CpuPlumbing, FloatArray
 from ._runtime import parallel_pull, single_threaded_blas, workers
 
@@ -34,7 +34,29 @@ def run_gemm(p: v.GemmProblem, a: int, b: int, c: int) -> None:
         # BLAS quick return for k == 0 or alpha == 0: C = beta * C (write-only if beta == 0).
         gemm_at(p.dtype, False, False, p.m, p.n, 0, 0.0, c, max(1, p.m), c, 1, p.beta, c, p.ldc)
         return
+    if p.n == 1 or p.m == 1:
+        _run_gemv(p, a, b, c)
+        return
     gemm_at(p.dtype, p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, a, p.lda, b, p.ldb, p.beta, c, p.ldc)
+
+
+def _run_gemv(p: v.GemmProblem, a: int, b: int, c: int) -> None:
+    """A GEMM with one column (or one row) of C as one ``?gemv``.
+
+    OpenBLAS's ``?gemm`` packs the whole matrix operand even when the other is a vector
+    (the decoding step of a transformer is all such products), which makes it one to two
+    orders of magnitude slower than ``?gemv`` on the same numbers.
+    """
+    if p.n == 1:
+        # C (m x 1) = op(A) (m x k) @ op(B) (k x 1): A is the matrix, op(B) the vector.
+        rows, cols = (p.k, p.m) if p.trans_a else (p.m, p.k)
+        incx = p.ldb if p.trans_b else 1
+        gemv_at(p.dtype, p.trans_a, rows, cols, p.alpha, a, p.lda, b, incx, p.beta, c, 1)
+        return
+    # C (1 x n) = op(A) (1 x k) @ op(B) (k x n): C^T = op(B)^T @ op(A)^T, B is the matrix.
+    rows, cols = (p.n, p.k) if p.trans_b else (p.k, p.n)
+    incx = 1 if p.trans_a else p.lda
+    gemv_at(p.dtype, not p.trans_b, rows, cols, p.alpha, b, p.ldb, a, incx, p.beta, c, p.ldc)
 
 
 class GemmOps(CpuPlumbing):
