@@ -105,7 +105,10 @@ def with_random_weights(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProt
             kept.append(node)
     del graph.node[:]
     graph.node.extend(kept)
-    graph.initializer.extend(replaced)
+    used = {name for node in kept for name in node.input}
+    still = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(still + replaced)
     return out
 
 
