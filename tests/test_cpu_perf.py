@@ -40,6 +40,7 @@ SHAPES = [
     (1, 24, 9, 6, 5, (2, 0, 1, 2)),
     (3, 64, 64, 12, 12, (1, 1, 1, 1)),
     (1, 8, 8, 1, 1, (1, 1, 1, 1)),
+    (2, 96, 83, 9, 7, (1, 2, 0, 1)),  # a transformed filter beyond the fused schedule's limit
 ]
 
 
@@ -404,3 +405,36 @@ def test_attention_kernel_nan_and_infinite_scores() -> None:
     assert np.array_equal(np.isnan(o), np.isnan(want))
     finite = ~np.isnan(want)
     assert np.all(np.abs(o[finite] - want[finite]) <= 1e-5 * (1 + np.abs(want[finite])))
+
+
+@pytest.mark.parametrize("pads", [[1, 1, 1, 1], [0, 2, 1, 0], [3, 3, 3, 3]])
+def test_backend_small_image_data_gradient(cpu: CpuBackend, pads: list[int]) -> None:
+    """Small images take the im2col route for the data gradient; checked against the definition."""
+    rng = np.random.default_rng(31)
+    n, c, k, h, w = 2, 24, 20, 7, 6
+    oh, ow = h + pads[0] + pads[2] - 2, w + pads[1] + pads[3] - 2
+    f = rng.standard_normal((k, c, 3, 3)).astype(F32)
+    gy = rng.standard_normal((n, k, oh, ow)).astype(F32)
+    pgy, pf, pgx = cpu.alloc(gy.nbytes), cpu.alloc(f.nbytes), cpu.alloc(n * c * h * w * 4)
+    try:
+        cpu.copy_htod(pgy, gy)
+        cpu.copy_htod(pf, f)
+        cpu.conv2d_backward_data(pgy, list(gy.shape), pf, list(f.shape), pgx, [n, c, h, w], [1, 1], pads)
+        gx = np.empty((n, c, h, w), dtype=F32)
+        cpu.copy_dtoh(gx, pgx)
+    finally:
+        for ptr in (pgy, pf, pgx):
+            cpu.free(ptr)
+    # gx[h, w] = sum_k,r,s gy[h + top - r, w + left - s] f[k, :, r, s], gy zero outside.
+    want = np.zeros((n, c, h, w))
+    mag = np.zeros((n, c, h, w))
+    padded = np.zeros((n, k, oh + 4 + h, ow + 4 + w))
+    padded[:, :, 2 : 2 + oh, 2 : 2 + ow] = gy
+    for r in range(3):
+        for s in range(3):
+            rows = slice(2 + pads[0] - r, 2 + pads[0] - r + h)
+            cols = slice(2 + pads[1] - s, 2 + pads[1] - s + w)
+            part = padded[:, :, rows, cols]
+            want += np.einsum("kc,nkhw->nchw", f[:, :, r, s].astype(np.float64), part)
+            mag += np.einsum("kc,nkhw->nchw", np.abs(f[:, :, r, s]).astype(np.float64), np.abs(part))
+    assert np.all(np.abs(gx - want) <= 2 * (k * 9 + 2) * EPS32 * mag + 1e-30)

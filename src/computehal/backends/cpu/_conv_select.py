@@ -9,12 +9,12 @@ with ``computehal bench`` (ratios in the module docstrings of each algorithm):
 * 1x1 convolutions without padding (one group): GEMMs on the images in place
   (:mod:`._conv_gemm`), split into row blocks over the worker threads, all three passes.
 * 3x3 stride-1 convolutions (one group, no dilation, at least :data:`WINOGRAD_MIN_CHANNELS`
-  channels in and out, :data:`WINOGRAD_MIN_MACS` multiply-adds or more, a transformed
-  filter of at most :data:`WINOGRAD_MAX_FILTER` channel pairs), float32: Winograd
-  F(4x4, 3x3) (:mod:`._conv_winograd`) for the forward pass and both gradients. It does
-  4x fewer multiply-adds than the direct definition; per-tap GEMMs of the general path
-  run at about 0.6-0.7 of the sgemm rate on 64-channel layers, Winograd at 1.0-1.5 (in
-  the direct definition's FLOPs).
+  channels in and out, :data:`WINOGRAD_MIN_MACS` multiply-adds or more, at least
+  :data:`WINOGRAD_MIN_TILES` output tiles), float32: Winograd F(4x4, 3x3)
+  (:mod:`._conv_winograd`) for the forward pass and both gradients. It does 4x fewer
+  multiply-adds than the direct definition. Measured on one core against a one-thread
+  sgemm (direct definition's FLOPs), ResNet-50 at batch 8: 64 channels at 56x56 1.27,
+  128 at 28x28 1.09, 256 at 14x14 1.00; the per-tap GEMMs of the general path 0.5-0.7.
 * Other forward convolutions with one group that are strided, have few input channels
   or small images (the 7x7 stride-2 stem, 256 / 512 channels at 14x14 / 7x7): im2col
   blocks that stay in cache, batched over small images (:mod:`._conv_gemm`); the
@@ -48,9 +48,12 @@ __all__ = [
 WINOGRAD_MIN_CHANNELS = 16
 #: Direct multiply-adds below which a call is too small to be worth the transforms.
 WINOGRAD_MIN_MACS = 1 << 22
-#: Largest C * K for Winograd: each work item reads the whole transformed filter
-#: (36 C K floats), which beyond about 2 MB costs more memory traffic than it saves.
-WINOGRAD_MAX_FILTER = 1 << 14
+#: Largest C * K for Winograd (the transformed filter takes 144 C K bytes of scratch).
+WINOGRAD_MAX_FILTER = 1 << 20
+#: Fewest 4x4 output tiles: below, writing and reading the transformed filter (36 C K
+#: floats each way) costs more than the GEMMs save (ResNet's 512-channel 7x7 layer at
+#: batch 8 has 32 tiles: 0.40 of sgemm by Winograd, 0.54 by im2col, single core).
+WINOGRAD_MIN_TILES = 64
 #: Multiply-adds below which the general paths' single call costs less than a task split.
 GEMM_MIN_MACS = 1 << 18
 
@@ -103,6 +106,7 @@ def winograd_applies(p: v.ConvProblem) -> bool:
         and p.dh == p.dw == 1
         and min(p.c, p.k) >= WINOGRAD_MIN_CHANNELS
         and p.c * p.k <= WINOGRAD_MAX_FILTER
+        and p.n * -(-p.oh // 4) * -(-p.ow // 4) >= WINOGRAD_MIN_TILES
         and p.n * p.oh * p.ow * p.c * p.k * 9 >= WINOGRAD_MIN_MACS
         and kernels("_winograd") is not None
     )
@@ -129,8 +133,15 @@ def fast_backward_data(p: v.ConvProblem, gy: FloatArray, f: FloatArray, gx: Floa
     if pointwise_applies(p):
         pointwise_backward_data(gy, f, gx, p.sh, p.sw)
         return True
-    if winograd_applies(p):
-        return winograd_backward_data(gy, f, gx, p.ph, p.pw)
+    if winograd_applies(p) and winograd_backward_data(gy, f, gx, p.ph, p.pw):
+        return True
+    if p.sh == p.sw == 1 and p.oh * p.ow < 256 and _im2col_applies(p, f) and np.isfinite(f).all():
+        # Stride 1, small images: the forward convolution of gy with the flipped filter,
+        # K and C swapped, padded by the dilated filter's extent less the padding.
+        flipped = np.ascontiguousarray(f[:, :, ::-1, ::-1].transpose(1, 0, 2, 3))
+        top, left = p.dh * (p.fh - 1) - p.ph, p.dw * (p.fw - 1) - p.pw
+        im2col_forward(gy, flipped, None, gx, (top, left, 1, 1, p.dh, p.dw))
+        return True
     return False
 
 

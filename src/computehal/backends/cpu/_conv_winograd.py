@@ -1,10 +1,18 @@
-"""Drivers of the Winograd F(4x4, 3x3) kernels (:mod:`._winograd`): work split and scratch.
+"""Drivers of the Winograd F(4x4, 3x3) kernels (:mod:`._winograd`): schedules, work split, scratch.
 
-Each call splits the output tiles into work items of about :data:`TILES_PER_ITEM`
-tiles (a range of tile rows of one image, or several whole small images), pulled by
-the worker threads, each running its GEMMs on single-threaded BLAS. Scratch is one
-flat float32 array per thread, kept between calls (:func:`thread_scratch`): a
-convolution call allocates nothing of the size of its images.
+Two schedules, chosen by the size of the transformed filter ``U`` (36 C K floats):
+
+* fused (``U`` fits in cache, e.g. 64 channels): work items of a few dozen tiles (a
+  range of tile rows of one image, or several whole small images) each run the whole
+  pipeline (input transform, 36 GEMMs, output transform) with ``V`` and ``M`` in cache;
+* by position (larger ``U``, e.g. 128 to 512 channels): every tile's ``V`` first (by
+  image rows), then one GEMM per position over all tiles, each reading its ``U[xi]``
+  once, then the output transform (by image rows). The fused schedule would stream the
+  whole ``U`` again for every item.
+
+Work is pulled by the worker threads, each running its GEMMs on single-threaded BLAS.
+Scratch is kept between calls (:func:`thread_scratch`): a convolution call allocates
+nothing of the size of its images.
 
 Every driver returns False, having written nothing it promises, when an input value
 is not finite (the caller then takes an exact algorithm): Winograd's transforms would
@@ -14,23 +22,27 @@ spread a NaN or infinity to every output of its tile.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 from ._plumbing import FloatArray
-from ._runtime import kernels, parallel_pull, single_threaded_blas, workers
+from ._runtime import kernels, parallel_pull, parallel_ranges, single_threaded_blas, workers
 
 __all__ = ["winograd_forward", "winograd_backward_data", "winograd_backward_filter", "thread_scratch"]
 
-#: Target tiles per work item: V and M of an item (36 x tiles x (C + K) floats) stay
-#: near the size of L2 for 64 channels; wider channels take at least MIN_TILES.
+#: Target tiles per fused work item: V and M of an item (36 x tiles x (C + K) floats)
+#: stay near the size of L2 for 64 channels; wider channels take at least MIN_TILES.
 ITEM_FLOATS = 1 << 18
 MIN_TILES = 32
 MAX_TILES = 256
+#: Largest transformed filter (floats) of the fused schedule.
+FUSED_FILTER_FLOATS = 1 << 18
 
 _local = threading.local()
+
+Item = tuple[int, int, int, int]
 
 
 def thread_scratch(name: str, size: int, dtype: Any = np.float32) -> FloatArray:
@@ -49,8 +61,8 @@ def thread_scratch(name: str, size: int, dtype: Any = np.float32) -> FloatArray:
     return buf
 
 
-def _items(n: int, th: int, tw: int, cin: int, kout: int) -> list[tuple[int, int, int, int]]:
-    """Work items ``(n0, n1, th0, th1)`` of about the target tile count, at least one per thread."""
+def _items(n: int, th: int, tw: int, cin: int, kout: int) -> list[Item]:
+    """Fused work items ``(n0, n1, th0, th1)`` of about the target tile count, a few per thread."""
     per_image = th * tw
     target = max(MIN_TILES, min(MAX_TILES, ITEM_FLOATS // (36 * (cin + kout))))
     # Enough items for every thread to get a few (load balance on a shared machine).
@@ -62,49 +74,119 @@ def _items(n: int, th: int, tw: int, cin: int, kout: int) -> list[tuple[int, int
     return [(i, i + 1, r0, min(th, r0 + rows)) for i in range(n) for r0 in range(0, th, rows)]
 
 
-def _run(items: list[tuple[int, int, int, int]], body: Any) -> bool:
-    """Run ``body(item, ...)`` over the items on the worker threads; False if any returns False."""
+def _row_items(n: int, th: int, tw: int) -> list[tuple[int, int, int]]:
+    """Transform items ``(image, th0, th1)`` of the by-position schedule: a few per thread."""
+    rows = max(1, min(th, -(-(n * th) // (4 * workers())), max(1, 64 // tw)))
+    return [(i, r0, min(th, r0 + rows)) for i in range(n) for r0 in range(0, th, rows)]
+
+
+def _pull(count: int, body: Callable[[int], bool]) -> bool:
+    """Run ``body(i)`` for ``i < count`` on the worker threads; False if any returns False."""
     ok = [True]
 
     def run(indices: Iterator[int]) -> None:
         for i in indices:
             if not ok[0]:
                 return
-            if not body(items[i]):
+            if not body(i):
                 ok[0] = False
 
     with single_threaded_blas():
-        parallel_pull(len(items), run)
+        parallel_pull(count, run)
     return ok[0]
 
 
 def _transformed_filter(ft: FloatArray) -> FloatArray | None:
     """``U`` [36, Cin, Kout] of filters ``ft`` [Cin, 3, 3, Kout], or None if one is not finite."""
     kern = kernels("_winograd")
-    u = thread_scratch("winograd-u", 36 * ft.shape[0] * ft.shape[3])[: 36 * ft.shape[0] * ft.shape[3]]
-    return u if kern.filter_transform(ft, u) else None
+    cin, kout = ft.shape[0], ft.shape[3]
+    u = thread_scratch("winograd-u", 36 * cin * kout)[: 36 * cin * kout]
+    finite = [True]
+
+    def run(c0: int, c1: int) -> None:
+        if not kern.filter_transform(ft, u, c0, c1, thread_scratch("winograd-g", 18 * kout)):
+            finite[0] = False
+
+    parallel_ranges(cin, run, grain=max(1, (1 << 15) // max(1, 9 * kout)))
+    return u if finite[0] else None
 
 
-def _conv(x: FloatArray, ft: FloatArray, bias: FloatArray | None, y: FloatArray, pt: int, pl: int) -> bool:
-    """``y`` = 3x3 stride-1 convolution of ``x`` with the filters ``ft`` [C, 3, 3, K] (+ bias)."""
+def _fused(x: FloatArray, u: FloatArray, bias: FloatArray | None, y: FloatArray, pt: int, pl: int) -> bool:
     kern = kernels("_winograd")
-    u = _transformed_filter(ft)
-    if u is None:
-        return False
     n, cin = x.shape[0], x.shape[1]
     kout, oh, ow = y.shape[1], y.shape[2], y.shape[3]
     th, tw = -(-oh // 4), -(-ow // 4)
     items = _items(n, th, tw, cin, kout)
     b = bias if bias is not None else np.zeros(1, dtype=np.float32)
-    has_bias = bias is not None
 
-    def body(item: tuple[int, int, int, int]) -> bool:
-        n0, n1, t0, t1 = item
+    def body(i: int) -> bool:
+        n0, n1, t0, t1 = items[i]
         work = thread_scratch("winograd", kern.forward_scratch(n1 - n0, t1 - t0, tw, cin, kout))
-        ok: bool = kern.forward_item(x, y, u, b, has_bias, n0, n1, t0, t1, pt, pl, work)
+        ok: bool = kern.forward_item(x, y, u, b, bias is not None, n0, n1, t0, t1, pt, pl, work)
         return ok
 
-    return _run(items, body)
+    return _pull(len(items), body)
+
+
+def _positions(count: int, body: Callable[[int, int], None]) -> None:
+    """Run ``body(xi0, xi1)`` over the 36 positions in a few ranges per thread."""
+    step = max(1, 36 // (3 * workers()))
+    ranges = [(xi, min(36, xi + step)) for xi in range(0, 36, step)]
+
+    def each(i: int) -> bool:
+        body(*ranges[i])
+        return True
+
+    _pull(len(ranges), each)
+
+
+def _transform_inputs(x: FloatArray, pt: int, pl: int, th: int, tw: int, v: FloatArray, tiles: int) -> bool:
+    """V of every tile of ``x`` (tile ``(n, th, tw)`` at row ``(n th + th) tw + tw``)."""
+    kern = kernels("_winograd")
+    cin = x.shape[1]
+    items = _row_items(x.shape[0], th, tw)
+
+    def body(i: int) -> bool:
+        n, r0, r1 = items[i]
+        work = thread_scratch("winograd", kern.input_item_scratch(r1 - r0, tw, cin))
+        return not kern.input_item(x, n, r0, r1, pt, pl, tw, v, tiles, (n * th + r0) * tw, work)
+
+    return _pull(len(items), body)
+
+
+def _by_position(
+    x: FloatArray, u: FloatArray, bias: FloatArray | None, y: FloatArray, pt: int, pl: int
+) -> bool:
+    kern = kernels("_winograd")
+    n, cin = x.shape[0], x.shape[1]
+    kout, oh, ow = y.shape[1], y.shape[2], y.shape[3]
+    th, tw = -(-oh // 4), -(-ow // 4)
+    tiles = n * th * tw
+    v = thread_scratch("winograd-v", 36 * tiles * cin)[: 36 * tiles * cin]
+    m = thread_scratch("winograd-m", 36 * tiles * kout)[: 36 * tiles * kout]
+    if not _transform_inputs(x, pt, pl, th, tw, v, tiles):
+        return False
+    _positions(36, lambda xi0, xi1: kern.position_gemms(u, v, m, xi0, xi1, tiles, cin, kout))
+    items = _row_items(n, th, tw)
+    b = bias if bias is not None else np.zeros(1, dtype=np.float32)
+
+    def body(i: int) -> bool:
+        image, r0, r1 = items[i]
+        work = thread_scratch("winograd", kern.output_item_scratch(r1 - r0, tw, kout))
+        kern.output_item(m, y, image, r0, r1, tw, tiles, (image * th + r0) * tw, b, bias is not None, work)
+        return True
+
+    return _pull(len(items), body)
+
+
+def _conv(x: FloatArray, ft: FloatArray, bias: FloatArray | None, y: FloatArray, pt: int, pl: int) -> bool:
+    """``y`` = 3x3 stride-1 convolution of ``x`` with the filters ``ft`` [C, 3, 3, K] (+ bias)."""
+    u = _transformed_filter(ft)
+    if u is None:
+        return False
+    if u.size <= FUSED_FILTER_FLOATS:
+        return _fused(x, u, bias, y, pt, pl)
+    return _by_position(x, u, bias, y, pt, pl)
 
 
 def winograd_forward(
@@ -128,12 +210,21 @@ def winograd_backward_data(gy: FloatArray, f: FloatArray, gx: FloatArray, pt: in
     return _conv(gy, ft, None, gx, 2 - pt, 2 - pl)
 
 
-def winograd_backward_filter(x: FloatArray, gy: FloatArray, gf: FloatArray, pt: int, pl: int) -> bool:
-    """Filter gradient ``gf`` [K, C, 3, 3] of a 3x3 stride-1 convolution.
+def _untransform(total: FloatArray, gf: FloatArray) -> None:
+    """``gf`` [K, C, 3, 3] from the summed transformed gradient ``total`` [36, C, K]."""
+    kern = kernels("_winograd")
+    kout, cin = gf.shape[0], gf.shape[1]
+    out = np.empty((cin, 3, 3, kout), dtype=np.float32)
 
-    Each thread sums its items' transformed gradients into its own [36, C, K] partial;
-    the partials are added and transformed back once.
-    """
+    def run(c0: int, c1: int) -> None:
+        kern.filter_untransform(total, out, c0, c1, thread_scratch("winograd-g", 18 * kout))
+
+    parallel_ranges(cin, run, grain=max(1, (1 << 15) // max(1, 9 * kout)))
+    gf[...] = out.transpose(3, 0, 1, 2)
+
+
+def _filter_fused(x: FloatArray, gy: FloatArray, pt: int, pl: int) -> FloatArray | None:
+    """The summed transformed filter gradient, each thread adding its items into its own partial."""
     kern = kernels("_winograd")
     n, cin = x.shape[0], x.shape[1]
     kout, oh, ow = gy.shape[1], gy.shape[2], gy.shape[3]
@@ -157,11 +248,46 @@ def winograd_backward_filter(x: FloatArray, gy: FloatArray, gf: FloatArray, pt: 
     with single_threaded_blas():
         parallel_pull(len(items), run)
     if not finite[0]:
-        return False
+        return None
     total = partials[0]
     for extra in partials[1:]:
         total += extra
-    out = np.empty((cin, 3, 3, kout), dtype=np.float32)
-    kern.filter_untransform(total, out)
-    gf[...] = out.transpose(3, 0, 1, 2)
+    return total
+
+
+def _filter_by_position(x: FloatArray, gy: FloatArray, pt: int, pl: int) -> FloatArray | None:
+    """The transformed filter gradient: V and A dY A^T of every tile, then one GEMM per position."""
+    kern = kernels("_winograd")
+    n, cin = x.shape[0], x.shape[1]
+    kout, oh, ow = gy.shape[1], gy.shape[2], gy.shape[3]
+    th, tw = -(-oh // 4), -(-ow // 4)
+    tiles = n * th * tw
+    v = thread_scratch("winograd-v", 36 * tiles * cin)[: 36 * tiles * cin]
+    mg = thread_scratch("winograd-m", 36 * tiles * kout)[: 36 * tiles * kout]
+    if not _transform_inputs(x, pt, pl, th, tw, v, tiles):
+        return None
+    items = _row_items(n, th, tw)
+
+    def body(i: int) -> bool:
+        image, r0, r1 = items[i]
+        work = thread_scratch("winograd", kern.output_item_scratch(r1 - r0, tw, kout))
+        return not kern.grad_item(gy, image, r0, r1, tw, mg, tiles, (image * th + r0) * tw, work)
+
+    if not _pull(len(items), body):
+        return None
+    du = np.empty(36 * cin * kout, dtype=np.float32)
+    _positions(36, lambda xi0, xi1: kern.position_filter_gemms(v, mg, du, xi0, xi1, tiles, cin, kout))
+    return du
+
+
+def winograd_backward_filter(x: FloatArray, gy: FloatArray, gf: FloatArray, pt: int, pl: int) -> bool:
+    """Filter gradient ``gf`` [K, C, 3, 3] of a 3x3 stride-1 convolution."""
+    cin, kout = x.shape[1], gy.shape[1]
+    if 36 * cin * kout <= FUSED_FILTER_FLOATS:
+        total = _filter_fused(x, gy, pt, pl)
+    else:
+        total = _filter_by_position(x, gy, pt, pl)
+    if total is None:
+        return False
+    _untransform(total, gf)
     return True

@@ -45,9 +45,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._nb import NO, YES, as_int, jit, sgemm, transpose8
+from ._nb import NO, YES, as_int, jit, sgemm, transpose8, wide_vectors
 
 __all__ = [
+    "input_item",
+    "input_item_scratch",
+    "output_item",
+    "output_item_scratch",
+    "grad_item",
+    "position_gemms",
+    "position_filter_gemms",
     "filter_transform",
     "filter_untransform",
     "forward_item",
@@ -71,126 +78,88 @@ _EXP_MASK = np.int32(0x7F800000)  # exponent bits all set: inf or NaN
 
 
 @jit
-def _g(g0, g1, g2):
-    """``G @ [g0, g1, g2]`` (6 values)."""
-    s = (g0 + g2) * _S6
-    t = g0 * _S24 + g2 * _S6
-    return g0 * _Q, -(s + g1 * _S6), g1 * _S6 - s, t + g1 * _S12, t - g1 * _S12, g2
+def _g_lines(src, s, ss, dst, d, ds, count):
+    """``dst[d + a * ds, i] = (G [src[s + j * ss, i] for j < 3])[a]`` for ``i < count``."""
+    for i in range(count):
+        dst[d, i] = src[s, i] * _Q
+    d += ds
+    for i in range(count):
+        dst[d, i] = -((src[s, i] + src[s + 2 * ss, i]) * _S6 + src[s + ss, i] * _S6)
+    d += ds
+    for i in range(count):
+        dst[d, i] = src[s + ss, i] * _S6 - (src[s, i] + src[s + 2 * ss, i]) * _S6
+    d += ds
+    for i in range(count):
+        dst[d, i] = (src[s, i] * _S24 + src[s + 2 * ss, i] * _S6) + src[s + ss, i] * _S12
+    d += ds
+    for i in range(count):
+        dst[d, i] = (src[s, i] * _S24 + src[s + 2 * ss, i] * _S6) - src[s + ss, i] * _S12
+    d += ds
+    for i in range(count):
+        dst[d, i] = src[s + 2 * ss, i]
 
 
 @jit
-def _gt(v0, v1, v2, v3, v4, v5):
-    """``G^T @ [v0 .. v5]`` (3 values)."""
-    a = v1 + v2
-    b = v3 + v4
-    return (
-        v0 * _Q - a * _S6 + b * _S24,
-        (v2 - v1) * _S6 + (v3 - v4) * _S12,
-        (b - a) * _S6 + v5,
-    )
+def _gt_lines(src, s, ss, dst, d, ds, count):
+    """``dst[d + r * ds, i] = (G^T [src[s + j * ss, i] for j < 6])[r]`` for ``i < count``."""
+    for i in range(count):
+        a = src[s + ss, i] + src[s + 2 * ss, i]
+        b = src[s + 3 * ss, i] + src[s + 4 * ss, i]
+        dst[d, i] = src[s, i] * _Q - a * _S6 + b * _S24
+    d += ds
+    for i in range(count):
+        dst[d, i] = (src[s + 2 * ss, i] - src[s + ss, i]) * _S6 + (
+            src[s + 3 * ss, i] - src[s + 4 * ss, i]
+        ) * _S12
+    d += ds
+    for i in range(count):
+        a = src[s + ss, i] + src[s + 2 * ss, i]
+        b = src[s + 3 * ss, i] + src[s + 4 * ss, i]
+        dst[d, i] = (b - a) * _S6 + src[s + 5 * ss, i]
 
 
 @jit
-def _bt(d0, d1, d2, d3, d4, d5):
-    """``B^T @ [d0 .. d5]`` (6 values)."""
-    p = d4 - _FOUR * d2
-    q = d3 - _FOUR * d1
-    r = d4 - d2
-    s = _TWO * (d3 - d1)
-    return (
-        _FOUR * d0 - _FIVE * d2 + d4,
-        p + q,
-        p - q,
-        r + s,
-        r - s,
-        _FOUR * d1 - _FIVE * d3 + d5,
-    )
+def filter_transform(ft, u, c0, c1, tmp):
+    """``u[xi, c, k] = (G g G^T)[xi]`` for the filters ``g = ft[c, :, :, k]``, channels ``[c0, c1)``.
 
-
-@jit
-def _at4(m0, m1, m2, m3, m4, m5):
-    """``A^T @ [m0 .. m5]`` (4 values)."""
-    a = m1 + m2
-    b = m1 - m2
-    c = m3 + m4
-    d = m3 - m4
-    return m0 + a + c, b + _TWO * d, a + _FOUR * c, b + _EIGHT * d + m5
-
-
-@jit
-def _a6(y0, y1, y2, y3):
-    """``A @ [y0 .. y3]`` (6 values): the adjoint of :func:`_at4`."""
-    a = y0 + y2
-    b = y1 + y3
-    c = y0 + _FOUR * y2
-    d = _TWO * y1 + _EIGHT * y3
-    return y0, a + b, a - b, c + d, c - d, y3
-
-
-@jit
-def filter_transform(ft, u):
-    """``u[xi, c, k] = (G g G^T)[xi]`` for the filters ``g = ft[c, :, :, k]``.
-
-    ``ft`` is [Cin, 3, 3, Kout] (C-contiguous), ``u`` a flat array of 36 * Cin * Kout.
-    Returns False when a filter value is not finite.
+    ``ft`` is [Cin, 3, 3, Kout] (C-contiguous), ``u`` flat [36, Cin, Kout], ``tmp`` float32
+    scratch of 18 Kout. Vectorised over the output channels. Returns False when a
+    filter value is not finite.
     """
+    wide_vectors()
     cin, kout = ft.shape[0], ft.shape[3]
-    plane = cin * kout
-    bad = 0
-    for c in range(cin):
-        for k in range(kout):
-            rows = np.empty((6, 3), dtype=np.float32)  # G g, kept in registers by LLVM
-            for s in range(3):
-                g0, g1, g2 = ft[c, 0, s, k], ft[c, 1, s, k], ft[c, 2, s, k]
-                bad |= (as_int(g0) & _EXP_MASK) == _EXP_MASK
-                bad |= (as_int(g1) & _EXP_MASK) == _EXP_MASK
-                bad |= (as_int(g2) & _EXP_MASK) == _EXP_MASK
-                t0, t1, t2, t3, t4, t5 = _g(g0, g1, g2)
-                rows[0, s] = t0
-                rows[1, s] = t1
-                rows[2, s] = t2
-                rows[3, s] = t3
-                rows[4, s] = t4
-                rows[5, s] = t5
-            base = c * kout + k
-            for a in range(6):
-                e0, e1, e2, e3, e4, e5 = _g(rows[a, 0], rows[a, 1], rows[a, 2])
-                o = (a * 6) * plane + base
-                u[o] = e0
-                u[o + plane] = e1
-                u[o + 2 * plane] = e2
-                u[o + 3 * plane] = e3
-                u[o + 4 * plane] = e4
-                u[o + 5 * plane] = e5
-    return bad == 0
+    if non_finite(ft.reshape(-1)[c0 * 9 * kout : c1 * 9 * kout]):
+        return False
+    taps = ft.reshape((cin * 9, kout))
+    rows = tmp[: 18 * kout].reshape((18, kout))
+    out = u.reshape((36 * cin, kout))
+    for c in range(c0, c1):
+        for s in range(3):
+            # rows[a * 3 + s] = (G g)[a, s]
+            _g_lines(taps, c * 9 + s, 3, rows, s, 3, kout)
+        for a in range(6):
+            # u[a * 6 + b, c] = ((G g) G^T)[a, b]
+            _g_lines(rows, a * 3, 1, out, a * 6 * cin + c, cin, kout)
+    return True
 
 
 @jit
-def filter_untransform(du, out):
-    """``out[c, :, :, k] = G^T du[:, c, k] G`` (the filter gradient from its 36 positions).
+def filter_untransform(du, out, c0, c1, tmp):
+    """``out[c, :, :, k] = G^T du[:, c, k] G`` for channels ``[c0, c1)``.
 
-    ``du`` is flat [36, C, K]; ``out`` is [C, 3, 3, K].
+    ``du`` is flat [36, C, K]; ``out`` is [C, 3, 3, K]; ``tmp`` float32 scratch of 18 K.
     """
+    wide_vectors()
     cin, kout = out.shape[0], out.shape[3]
-    plane = cin * kout
-    for c in range(cin):
-        for k in range(kout):
-            base = c * kout + k
-            cols = np.empty((3, 6), dtype=np.float32)
-            for b in range(6):
-                o = b * plane + base
-                r0, r1, r2 = _gt(
-                    du[o], du[o + 6 * plane], du[o + 12 * plane],
-                    du[o + 18 * plane], du[o + 24 * plane], du[o + 30 * plane],
-                )  # fmt: skip
-                cols[0, b] = r0
-                cols[1, b] = r1
-                cols[2, b] = r2
-            for r in range(3):
-                s0, s1, s2 = _gt(cols[r, 0], cols[r, 1], cols[r, 2], cols[r, 3], cols[r, 4], cols[r, 5])
-                out[c, r, 0, k] = s0
-                out[c, r, 1, k] = s1
-                out[c, r, 2, k] = s2
+    src = du.reshape((36 * cin, kout))
+    rows = tmp[: 18 * kout].reshape((18, kout))
+    dst = out.reshape((cin * 9, kout))
+    for c in range(c0, c1):
+        for b in range(6):
+            # rows[r * 6 + b] = (G^T du)[r, b]
+            _gt_lines(src, b * cin + c, 6 * cin, rows, b, 6, kout)
+        for r in range(3):
+            _gt_lines(rows, r * 6, 1, dst, c * 9 + r * 3, 1, kout)
 
 
 @jit
@@ -522,6 +491,124 @@ def filter_grad_item(x, gy, du, n0, n1, th0, th1, pt, pl, work):
     return True
 
 
+# --------------------------------------------------------------------------- by position
+# For large C * K the transformed filter (36 C K floats) does not fit in cache, and the
+# fused items above would each stream it again. Instead: every tile's V is computed
+# first (by image rows), then each position's GEMM runs once over all tiles, reading
+# its U[xi] once, then the outputs are transformed back (by image rows).
+
+
+@jit
+def input_item(x, n, th0, th1, pt, pl, tw_count, v, tiles, t0, work):
+    """V rows ``t0 ..`` (``v`` flat [36, tiles, C]) for tile rows ``[th0, th1)`` of image ``n``.
+
+    Returns 1 when an input value was not finite, else 0.
+    """
+    cin = x.shape[1]
+    rows_t = th1 - th0
+    width = 4 * tw_count + 2
+    xp_size = (4 * rows_t + 2) * width * cin
+    xp = work[:xp_size]
+    tmp = work[xp_size : xp_size + 6 * width * cin].reshape((6 * width, cin))
+    bad = _to_channels_last(x, n, 4 * th0 - pt, -pl, 4 * rows_t + 2, width, xp.reshape((-1, cin)))
+    _input_transform(
+        xp.reshape((4 * rows_t + 2, width * cin)),
+        rows_t,
+        tw_count,
+        cin,
+        tmp,
+        v.reshape((36 * tiles, cin)),
+        t0,
+        tiles,
+    )
+    return bad
+
+
+def input_item_scratch(rows_t: int, tw_count: int, cin: int) -> int:
+    """Float32 elements of scratch one :func:`input_item` call needs."""
+    return (4 * rows_t + 8) * (4 * tw_count + 2) * cin
+
+
+@jit
+def position_gemms(u, v, m, xi0, xi1, tiles, cin, kout):
+    """``M[xi] (tiles x K) = V[xi] (tiles x C) @ U[xi] (C x K)`` for positions ``[xi0, xi1)``."""
+    for xi in range(xi0, xi1):
+        sgemm(
+            NO,
+            NO,
+            kout,
+            tiles,
+            cin,
+            1.0,
+            u,
+            xi * cin * kout,
+            kout,
+            v,
+            xi * tiles * cin,
+            cin,
+            0.0,
+            m,
+            xi * tiles * kout,
+            kout,
+        )
+
+
+@jit
+def output_item(m, y, n, th0, th1, tw_count, tiles, t0, bias, has_bias, work):
+    """Output tile rows ``[th0, th1)`` of image ``n`` from M rows ``t0 ..`` (``m`` flat [36, tiles, K])."""
+    kout = y.shape[1]
+    rows_t = th1 - th0
+    tt = work[: 24 * kout].reshape((24, kout))
+    yo = work[24 * kout : 24 * kout + 16 * rows_t * tw_count * kout].reshape((16 * rows_t * tw_count, kout))
+    _output_transform(m.reshape((36 * tiles, kout)), t0, rows_t, tw_count, kout, tiles, tt, yo)
+    _store(yo, 4 * tw_count, kout, y, n, 4 * th0, 4 * rows_t, bias, has_bias)
+
+
+def output_item_scratch(rows_t: int, tw_count: int, kout: int) -> int:
+    """Float32 elements of scratch one :func:`output_item` call needs."""
+    return (24 + 16 * rows_t * tw_count) * kout
+
+
+@jit
+def grad_item(gy, n, th0, th1, tw_count, mg, tiles, t0, work):
+    """``(A dY A^T)`` rows ``t0 ..`` (``mg`` flat [36, tiles, K]) for tile rows ``[th0, th1)``.
+
+    Returns 1 when a gradient value was not finite, else 0.
+    """
+    kout = gy.shape[1]
+    rows_t = th1 - th0
+    size = 16 * rows_t * tw_count * kout
+    gp = work[:size].reshape((16 * rows_t * tw_count, kout))
+    tg = work[size : size + 24 * kout].reshape((24, kout))
+    bad = _to_channels_last(gy, n, 4 * th0, 0, 4 * rows_t, 4 * tw_count, gp)
+    _grad_transform(gp, rows_t, tw_count, kout, tg, mg.reshape((36 * tiles, kout)), t0, tiles)
+    return bad
+
+
+@jit
+def position_filter_gemms(v, mg, du, xi0, xi1, tiles, cin, kout):
+    """``dU[xi] (C x K) = V[xi]^T (C x tiles) @ Mg[xi] (tiles x K)`` for positions ``[xi0, xi1)``."""
+    for xi in range(xi0, xi1):
+        sgemm(
+            NO,
+            YES,
+            kout,
+            cin,
+            tiles,
+            1.0,
+            mg,
+            xi * tiles * kout,
+            kout,
+            v,
+            xi * tiles * cin,
+            cin,
+            0.0,
+            du,
+            xi * cin * kout,
+            kout,
+        )
+
+
 def warm_up() -> None:
     """Compile (or load from numba's cache) every kernel of this module now."""
     x = np.zeros((1, 1, 4, 4), dtype=_F)
@@ -529,9 +616,16 @@ def warm_up() -> None:
     u = np.zeros(36, dtype=_F)
     y = np.zeros((1, 1, 4, 4), dtype=_F)
     bias = np.zeros(1, dtype=_F)
-    filter_transform(f, u)
-    filter_untransform(u, f)
+    tmp = np.zeros(18, dtype=_F)
+    filter_transform(f, u, 0, 1, tmp)
+    filter_untransform(u, f, 0, 1, tmp)
     work = np.zeros(max(forward_scratch(1, 1, 1, 1, 1), filter_grad_scratch(1, 1, 1, 1, 1)), dtype=_F)
     forward_item(x, y, u, bias, False, 0, 1, 0, 1, 1, 1, work)
     filter_grad_item(x, y, u, 0, 1, 0, 1, 1, 1, work)
     non_finite(work[:4])
+    v = np.zeros(36, dtype=_F)
+    input_item(x, 0, 0, 1, 1, 1, 1, v, 1, 0, work)
+    position_gemms(u, v, v, 0, 36, 1, 1, 1)
+    output_item(v, y, 0, 0, 1, 1, 1, 0, bias, False, work)
+    grad_item(y, 0, 0, 1, 1, v, 1, 0, work)
+    position_filter_gemms(v, v, u, 0, 36, 1, 1, 1)
