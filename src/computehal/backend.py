@@ -606,7 +606,8 @@ class ComputeBackend(abc.ABC):
         MAX ignores padding and NaN (like ``fmax``; a window with no input gives
         -inf). AVG divides the sum by the number of window positions inside the input,
         or with ``count_include_pad`` inside the padded input (ceil-mode overhang
-        never counts); NaN in the window propagates.
+        never counts); NaN in the window propagates, and a window with no input gives
+        NaN (``0 / 0``), or 0 with ``count_include_pad``.
         """
         raise _unsupported(self, "pool2d")
 
@@ -661,8 +662,9 @@ class ComputeBackend(abc.ABC):
         in the sequence length. A key is *visible* to a query when the causal rule
         allows it and its masked score is not -inf; a query with no visible key gets
         an all-zero output row. Otherwise IEEE: a NaN in a query row, in a visible
-        key or value, or in the mask makes the rows that read it NaN, and a +inf score
-        makes its row NaN (``exp(inf - inf)``).
+        key, or in the mask makes the rows that read it NaN, a NaN or infinity in a
+        visible value reaches the output entries that read it, and a +inf score makes
+        its row NaN (``exp(inf - inf)``). Keys that are not visible are not read.
         """
 
     # ------------------------------------------------------------------ reductions
@@ -810,13 +812,12 @@ class ComputeBackend(abc.ABC):
         """Apply ``op`` to ``n`` elements; ``input_ptr`` may equal ``output_ptr``.
 
         RELU is ``max(x, 0)`` with NaN -> 0; LOG / SQRT of negatives give NaN; every
-        other function is IEEE (NaN in, NaN out). Extensions: GELU (erf form),
-        GELU_TANH, SILU (``x * sigmoid(x)``), ERF, RECIPROCAL, SQUARE, SIN, COS,
+        other function is its formula evaluated in IEEE arithmetic (NaN in, NaN out;
+        GELU, GELU_TANH and SILU of -inf are NaN, ``-inf * 0``). Extensions: GELU (erf
+        form), GELU_TANH, SILU (``x * sigmoid(x)``), ERF, RECIPROCAL, SQUARE, SIN, COS,
         LEAKY_RELU (``x`` if ``x >= 0`` else ``alpha * x``; keyword ``alpha``, default
-        0.01) and CLIP (``min(max(x, lo), hi)``; keywords ``lo`` / ``hi``, default
-        -inf / +inf). Passing ``alpha`` / ``lo`` / ``hi`` to another op is an error.
-        GELU, GELU_TANH and SILU follow their formulas literally, so at -inf they give
-        NaN (``-inf * 0``), as IEEE arithmetic does.
+        0.01) and CLIP (``min(max(x, lo), hi)``, NaN stays NaN; keywords ``lo`` / ``hi``,
+        default -inf / +inf). Passing ``alpha`` / ``lo`` / ``hi`` to another op is an error.
         Partially overlapping input and output behave as if the input were read first.
         """
 

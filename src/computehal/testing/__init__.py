@@ -12,8 +12,14 @@ result out and compares it with an independent NumPy definition
 (:mod:`computehal.testing.reference`: einsum, loops and finite differences, never a
 backend), then frees everything. Bad-input cases check that invalid pointers,
 ranges, sizes, shapes and types raise the right :class:`~computehal.BackendError`
-subclass and leave memory untouched. Cases consult ``backend.capabilities()``: a
-backend without float64 must raise :class:`~computehal.UnsupportedError` for it.
+subclass and leave memory untouched.
+
+Every compute operation runs in float16, bfloat16, float32 and float64. A case expects
+a result when ``backend.capabilities().dtypes(op)`` lists its dtype and
+:class:`~computehal.UnsupportedError` (with nothing written) otherwise; such a case is
+reported as passed and ``unsupported``. How tolerances are chosen (16-bit storage types
+included) is written down in :mod:`computehal.testing._common`. NaN and infinity cases
+hold every backend to the NaN rules of :class:`~computehal.ComputeBackend`'s docstrings.
 
 For pytest, parametrise over :func:`conformance_cases` (``case.id`` makes a readable
 test id) and call ``case.run(backend)`` in the test.
@@ -27,7 +33,7 @@ from dataclasses import dataclass, field
 
 from ..backend import ComputeBackend
 from ..errors import BackendError
-from ._common import OPS, Case
+from ._common import OPS, Case, recording_refusals
 from ._invalid import invalid_cases
 from ._memory_cases import memory_cases
 from ._values import value_cases
@@ -61,6 +67,10 @@ class CaseResult:
         Wall time of the case.
     message : str
         Empty on success, else what went wrong.
+    unsupported : bool
+        True when the case passed because the backend refused, with
+        :class:`~computehal.UnsupportedError`, a dtype or an operation that its
+        ``capabilities().dtypes(op)`` does not list (so nothing was computed).
     """
 
     op: str
@@ -69,6 +79,7 @@ class CaseResult:
     max_error: float
     seconds: float
     message: str = ""
+    unsupported: bool = False
 
     @property
     def id(self) -> str:
@@ -85,6 +96,7 @@ class OpSummary:
     failed: int
     max_error: float
     seconds: float
+    unsupported: int = 0
 
     @property
     def passed(self) -> bool:
@@ -126,6 +138,7 @@ class ConformanceReport:
                     sum(not r.passed for r in rs),
                     max(errors, default=0.0),
                     sum(r.seconds for r in rs),
+                    sum(r.unsupported for r in rs),
                 )
             )
         return summaries
@@ -135,8 +148,9 @@ class ConformanceReport:
         lines = [f"conformance of backend {self.backend!r}: {'PASS' if self.passed else 'FAIL'}"]
         for s in self.by_op():
             status = "pass" if s.passed else f"FAIL ({s.failed}/{s.cases})"
+            refused = f" ({s.unsupported} unsupported)" if s.unsupported else ""
             lines.append(
-                f"  {s.op:<24} {status:<14} {s.cases:>4} cases  "
+                f"  {s.op:<24} {status:<14} {s.cases:>4} cases{refused}  "
                 f"max error {s.max_error:.3g}  {s.seconds:.2f} s"
             )
         for r in self.failures:
@@ -152,8 +166,8 @@ def conformance_cases(backend: ComputeBackend | None = None) -> list[Case]:
     backend : ComputeBackend, optional
         The backend the cases are meant for. The list is the same for every
         backend; what depends on the backend (a float64 case expects
-        :class:`~computehal.UnsupportedError` when ``capabilities().supports_fp64``
-        is False) is decided when the case runs. Accepted so that callers can
+        :class:`~computehal.UnsupportedError` when ``capabilities().dtypes(op)``
+        does not list float64) is decided when the case runs. Accepted so that callers can
         write ``conformance_cases(backend)`` and future kits may specialise.
 
     Returns
@@ -173,8 +187,10 @@ def run_case(backend: ComputeBackend, case: Case) -> CaseResult:
     counter = getattr(backend, "live_allocations", None)
     before = counter() if callable(counter) else None
     start = time.perf_counter()
+    refused: list[str] = []
     try:
-        error = case.run(backend)
+        with recording_refusals() as refused:
+            error = case.run(backend)
         result = CaseResult(case.op, case.name, True, float(error), 0.0)
     except AssertionError as failure:
         result = CaseResult(case.op, case.name, False, float("nan"), 0.0, str(failure) or "assertion failed")
@@ -203,7 +219,10 @@ def run_case(backend: ComputeBackend, case: Case) -> CaseResult:
                 0.0,
                 f"live allocations went from {before} to {after} (leak or lost allocation)",
             )
-    return CaseResult(result.op, result.case, result.passed, result.max_error, seconds, result.message)
+    unsupported = result.passed and bool(refused)
+    return CaseResult(
+        result.op, result.case, result.passed, result.max_error, seconds, result.message, unsupported
+    )
 
 
 def run_conformance(

@@ -1,35 +1,159 @@
-"""Shared pieces of the conformance kit: the case record, seeded data, comparisons."""
+"""Shared pieces of the conformance kit: the case record, seeded data, dtypes, comparisons.
+
+Tolerances
+----------
+Every tolerance is an error bound of the operation's arithmetic in float32 (or float64),
+written as a multiple of the unit roundoff ``eps`` of the arithmetic type times the
+magnitude the result is built from (for a sum of ``k`` terms: ``~2 (k + 2) eps`` times
+the sum of the terms' magnitudes), plus the smallest normal number of that type (a
+device may flush subnormal results to zero).
+
+16-bit storage types (float16, bfloat16) are computed in float32 and rounded to nearest
+even when stored. Inputs are drawn as exact 16-bit values and the oracle computes on
+those. The float32 result is within the float32 bound ``t`` of the exact value ``v``;
+rounding it to 16 bits moves it by at most half a unit in the last place, and the
+comparison is with ``v`` rounded to 16 bits, another half unit away. So a 16-bit result
+must be within ``t + ulp16(|v| + t)`` of ``v`` rounded to 16 bits
+(:func:`storage_tol`). Exact operations (copies, ``fill``, ``cast``, RELU, ABS, NEG,
+MAX / MIN, CLIP ...) are compared bit for bit or with zero tolerance.
+"""
 
 from __future__ import annotations
 
+import contextvars
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from ..backend import COMPUTE_OPS, ComputeBackend
+from ..backend import ALL_OPS, COMPUTE_OPS, ComputeBackend
+from ..errors import UnsupportedError
+from .reference import dtype_name, round_to, ulp
+from .workspace import Workspace, expect_error
 
 __all__ = [
     "Case",
+    "DTYPES",
     "EPS32",
     "EPS64",
     "OPS",
+    "SHORT",
+    "TINY32",
+    "TINY64",
     "assert_close",
     "assert_bits_equal",
-    "rng_for",
+    "call_or_refuse",
     "colmajor",
+    "eps_of",
+    "note_refused",
+    "offered",
+    "recording_refusals",
+    "rng_for",
+    "storage_tol",
+    "tiny_of",
 ]
 
 #: Machine epsilon (2**-23) of float32: the unit in tolerances below.
 EPS32 = float(np.finfo(np.float32).eps)
 #: Machine epsilon of float64.
 EPS64 = float(np.finfo(np.float64).eps)
+#: Smallest normal float32 / float64: results below it may be flushed to zero.
+TINY32 = 2.0**-126
+TINY64 = 2.0**-1022
 
-#: Case groups, in report order: the compute methods of the trait, then memory and lifecycle.
-OPS: tuple[str, ...] = (*COMPUTE_OPS, "alloc", "free", "copy", "lifecycle")
+#: The dtypes every compute op is tried with, narrowest first.
+DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32", "float64")
+#: Short names used in case names.
+SHORT: dict[str, str] = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64"}
+
+#: Case groups, in report order: every compute method of the contract, then memory and lifecycle.
+OPS: tuple[str, ...] = (*ALL_OPS, "alloc", "free", "copy", "lifecycle")
+
+
+def eps_of(dtype: Any) -> float:
+    """Unit roundoff of the arithmetic type of ``dtype`` (float32 for the 16-bit storage types)."""
+    return EPS64 if dtype_name(dtype) == "float64" else EPS32
+
+
+def tiny_of(dtype: Any) -> float:
+    """Smallest normal number of the arithmetic type of ``dtype``."""
+    return TINY64 if dtype_name(dtype) == "float64" else TINY32
+
+
+def storage_tol(tol: npt.ArrayLike, want: npt.ArrayLike, dtype: Any) -> npt.NDArray[np.float64]:
+    """The tolerance of a result stored as ``dtype``, given the float32 (or float64) bound ``tol``.
+
+    For float16 / bfloat16: ``tol + ulp16(|want| + tol)``, see the module notes.
+    """
+    t = np.asarray(tol, dtype=np.float64)
+    if dtype_name(dtype) not in ("float16", "bfloat16"):
+        return np.broadcast_to(t, np.shape(want)).astype(np.float64)
+    mag = np.abs(np.nan_to_num(np.asarray(want, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0))
+    return np.asarray(t + ulp(mag + t, dtype), dtype=np.float64)
+
+
+# --------------------------------------------------------------------------- dtypes offered
+
+_REFUSALS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("refusals", default=None)
+
+
+@contextmanager
+def recording_refusals() -> Iterator[list[str]]:
+    """Collect, for the block, what the backend refused and the kit accepted (see :func:`note_refused`)."""
+    seen: list[str] = []
+    token = _REFUSALS.set(seen)
+    try:
+        yield seen
+    finally:
+        _REFUSALS.reset(token)
+
+
+def note_refused(what: str) -> None:
+    """Record that the case accepted an UnsupportedError for ``what`` (a dtype or op not offered)."""
+    seen = _REFUSALS.get()
+    if seen is not None:
+        seen.append(what)
+
+
+def offered(be: ComputeBackend, op: str, dtype: Any = "float32") -> bool:
+    """True when ``be`` says that ``op`` takes ``dtype`` (``capabilities().dtypes(op)``).
+
+    A backend that publishes no table at all (``op_dtypes`` empty, as the seed's
+    default capabilities) is held to the seed's profile: float32 for the seed's compute
+    operations, and float64 for ``gemm`` / ``batched_gemm`` when ``supports_fp64``.
+    """
+    caps = be.capabilities()
+    name = dtype if dtype == "uint8" else dtype_name(dtype)
+    if caps.op_dtypes:
+        return name in caps.dtypes(op)
+    if op not in COMPUTE_OPS:
+        return False
+    return name == "float32" or (name == "float64" and op in ("gemm", "batched_gemm") and caps.supports_fp64)
+
+
+def call_or_refuse(
+    be: ComputeBackend, ws: Workspace, op: str, dtype: Any, call: Callable[[], object]
+) -> bool:
+    """Run ``call`` when ``op`` takes ``dtype`` on ``be`` and return True.
+
+    Otherwise the call must raise :class:`~computehal.UnsupportedError` and leave every
+    allocation of ``ws`` unchanged; returns False (the case then has nothing to compare).
+    """
+    name = dtype if dtype == "uint8" else dtype_name(dtype)
+    if offered(be, op, name):
+        call()
+        return True
+    with expect_error(
+        UnsupportedError, f"{op} with dtype {name}, which capabilities().dtypes({op!r}) does not list"
+    ):
+        call()
+    ws.check_unchanged()
+    note_refused(f"{op}:{name}")
+    return False
 
 
 @dataclass(frozen=True)
@@ -94,8 +218,9 @@ def assert_close(
     for entries of magnitude up to 1 and the relative error above, so a large ``exp``
     result does not dominate the report. Tolerances are checked on the absolute error.
 
-    ``want`` is first rounded to ``dtype`` (so a float64 value beyond the float32
-    range is compared as the infinity float32 must produce). NaN must appear exactly
+    ``want`` is first rounded to ``dtype`` (nearest even, :func:`~.reference.round_to`;
+    so a float64 value beyond the float32 range is compared as the infinity float32
+    must produce). NaN must appear exactly
     where ``want`` has NaN, infinities must match exactly, and every finite entry
     must satisfy ``|got - want| <= tol`` (``tol`` broadcasts).
 
@@ -105,8 +230,7 @@ def assert_close(
         Naming ``what``, the first bad index, both values and the tolerance.
     """
     g = np.asarray(got, dtype=np.float64)
-    with np.errstate(over="ignore", invalid="ignore"):
-        w = np.asarray(np.asarray(want, dtype=np.float64).astype(dtype), dtype=np.float64)
+    w = round_to(want, dtype)
     if g.shape != w.shape:
         raise AssertionError(f"{what}: result shape {g.shape} != expected {w.shape}")
     t = np.broadcast_to(np.asarray(tol, dtype=np.float64), w.shape)

@@ -104,13 +104,19 @@ class Workspace:
         self,
         data: npt.ArrayLike,
         *,
-        dtype: Any = np.float32,
+        dtype: Any = None,
         label: str = "operand",
         lo: int | None = None,
         hi: int | None = None,
     ) -> int:
-        """Allocate a guarded block holding ``data`` (as ``dtype``); return the operand pointer."""
-        array = np.ascontiguousarray(np.asarray(data, dtype=dtype))
+        """Allocate a guarded block holding ``data`` as ``dtype``; return the operand pointer.
+
+        Without ``dtype``, a NumPy array keeps its own dtype and anything else is stored
+        as float32.
+        """
+        if dtype is None:
+            dtype = data.dtype if isinstance(data, np.ndarray) else np.float32
+        array = np.ascontiguousarray(np.asarray(data, dtype=_storage(dtype)))
         return self.put_bytes(array.view(np.uint8).reshape(-1), label=label, lo=lo, hi=hi).ptr
 
     def put_bytes(
@@ -160,7 +166,7 @@ class Workspace:
         block = self.block(ptr)
         raw = self.read_block(block)
         self._check_guards(block, raw)
-        dt = np.dtype(dtype)
+        dt = _storage(dtype)
         count = int(np.prod(shape))
         operand = raw[block.lo : block.lo + count * dt.itemsize]
         result: npt.NDArray[Any] = operand.view(dt).reshape(shape).copy()
@@ -205,6 +211,15 @@ class Workspace:
                     f"(first at byte offset {first} from the operand) although the call should "
                     f"not have written it"
                 )
+
+
+def _storage(dtype: Any) -> np.dtype[Any]:
+    if isinstance(dtype, str) and dtype.lower() in ("bfloat16", "bf16"):
+        import ml_dtypes
+
+        dtype = ml_dtypes.bfloat16
+    result: np.dtype[Any] = np.dtype(dtype)
+    return result
 
 
 @contextmanager

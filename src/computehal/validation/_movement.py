@@ -49,6 +49,13 @@ class CopyProblem(Problem):
     nbytes: int
     dtype: np.dtype[Any] = BYTES
 
+    @property
+    def empty(self) -> bool:
+        """True when nothing changes: no bytes, or a range copied onto itself."""
+        return self.nbytes == 0 or (
+            self.dst.allocation is self.src.allocation and self.dst.offset == self.src.offset
+        )
+
 
 def copy_dtod(lease: Lease, dst_ptr: object, src_ptr: object, nbytes: object) -> CopyProblem:
     """Validate ``copy_dtod``."""

@@ -1,0 +1,467 @@
+"""GEMM value cases: plain, strided batched and mixed precision, in every dtype."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..backend import ComputeBackend
+from ..types import BackendTranspose
+from . import reference as ref
+from ._common import (
+    DTYPES,
+    EPS32,
+    SHORT,
+    Case,
+    assert_bits_equal,
+    assert_close,
+    call_or_refuse,
+    colmajor,
+    eps_of,
+    rng_for,
+    storage_tol,
+)
+from .reference import storage
+from .workspace import Workspace
+
+__all__ = ["blas_cases", "check_c", "gemm_tol", "transposed", "finite_abs", "SENTINEL"]
+
+F32 = np.dtype(np.float32)
+F64 = np.dtype(np.float64)
+#: Value parked in the padding rows of C (between m and ldc) and the gaps between
+#: batched matrices; it must survive bit for bit.
+SENTINEL = 7777.25
+
+Runner = Callable[[ComputeBackend], float]
+
+
+def finite_abs(a: npt.ArrayLike) -> npt.NDArray[np.float64]:
+    """``|a|`` with NaN and infinities as 0: the magnitude of the finite terms."""
+    return np.abs(np.nan_to_num(np.asarray(a, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0))
+
+
+def transposed(t: str) -> bool:
+    return t != "N"
+
+
+# --------------------------------------------------------------------------- GEMM
+
+
+def gemm_tol(
+    op_a: npt.NDArray[np.float64],
+    op_b: npt.NDArray[np.float64],
+    c: npt.NDArray[np.float64],
+    alpha: float,
+    beta: float,
+    eps: float,
+) -> npt.NDArray[np.float64]:
+    k = op_a.shape[1]
+    with np.errstate(invalid="ignore"):
+        magnitude = abs(alpha) * (np.abs(op_a) @ np.abs(op_b)) if k and alpha else np.zeros(c.shape)
+        if beta != 0.0:
+            magnitude = magnitude + abs(beta) * finite_abs(c)
+    tol: npt.NDArray[np.float64] = 2.0 * (k + 2) * eps * magnitude + (
+        2.0**-126 if eps == EPS32 else 2.0**-1022
+    )
+    return tol
+
+
+def check_c(
+    what: str,
+    got_flat: npt.NDArray[Any],
+    c_flat: npt.NDArray[Any],
+    m: int,
+    n: int,
+    ldc: int,
+    want: npt.NDArray[np.float64],
+    tol: npt.NDArray[np.float64],
+    dtype: np.dtype[Any],
+) -> float:
+    """Check the m x n part of a stored C and that its padding rows are untouched."""
+    for j in range(n):
+        assert_bits_equal(
+            f"{what}: C rows {m}..{ldc - 1} of column {j} (between m and ldc)",
+            got_flat[j * ldc + m : (j + 1) * ldc],
+            c_flat[j * ldc + m : (j + 1) * ldc],
+        )
+    got = ref.stored_colmajor(got_flat, m, n, ldc)
+    return assert_close(f"{what}: C", got, want, storage_tol(tol, want, dtype), dtype=dtype)
+
+
+def _gemm_operands(
+    label: str, a_shape: tuple[int, int], b_shape: tuple[int, int], c_shape: tuple[int, int], dtype: Any
+) -> tuple[npt.NDArray[np.float64], ...]:
+    """Random A, B, C already rounded to ``dtype`` (as float64)."""
+    rng = rng_for(label)
+    return tuple(ref.round_to(rng.standard_normal(shape), dtype) for shape in (a_shape, b_shape, c_shape))
+
+
+def _inject_specials(
+    a: npt.NDArray[np.float64], b: npt.NDArray[np.float64], c: npt.NDArray[np.float64]
+) -> None:
+    """NaN and infinities in A, B and C, and a zero meeting an infinity (``inf * 0``)."""
+    if a.size >= 2:
+        a.reshape(-1)[0] = np.nan
+        a.reshape(-1)[-1] = np.inf
+    if b.size >= 2:
+        b.reshape(-1)[1] = -np.inf
+        b.reshape(-1)[-1] = 0.0
+    if c.size >= 2:
+        c.reshape(-1)[1] = np.inf
+        c.reshape(-1)[0] = np.nan
+
+
+def _gemm_value(
+    be: ComputeBackend,
+    *,
+    label: str,
+    ta: str,
+    tb: str,
+    m: int,
+    n: int,
+    k: int,
+    alpha: float = 1.5,
+    beta: float = -0.5,
+    dtype: Any = "float32",
+    pads: tuple[int, int, int] = (3, 2, 5),
+    c_nan: bool = False,
+    ab_nan: bool = False,
+    specials: bool = False,
+    as_enums: bool = False,
+    offset: int | None = None,
+) -> float:
+    eps = eps_of(dtype)
+    a_rows, a_cols = (k, m) if transposed(ta) else (m, k)
+    b_rows, b_cols = (n, k) if transposed(tb) else (k, n)
+    lda, ldb, ldc = max(1, a_rows) + pads[0], max(1, b_rows) + pads[1], max(1, m) + pads[2]
+    a, b, c = _gemm_operands(label, (a_rows, a_cols), (b_rows, b_cols), (m, n), dtype)
+    if ab_nan:
+        a[...] = np.nan
+        b[...] = np.nan
+    if c_nan:
+        c[...] = np.nan
+    if specials:
+        _inject_specials(a, b, c)
+    a_flat = storage(colmajor(a, lda, np.nan), dtype)
+    b_flat = storage(colmajor(b, ldb, np.nan), dtype)
+    c_flat = storage(colmajor(c, ldc, SENTINEL), dtype)
+    trans_a: Any = BackendTranspose(ta) if as_enums else ta
+    trans_b: Any = BackendTranspose(tb) if as_enums else tb
+    with Workspace(be) as ws:
+        pa = ws.put(a_flat, label="A", lo=offset)
+        pb = ws.put(b_flat, label="B", lo=offset)
+        pc = ws.put(c_flat, label="C", lo=offset)
+
+        def call() -> None:
+            be.gemm(trans_a, trans_b, m, n, k, alpha, pa, lda, pb, ldb, beta, pc, ldc, dtype=dtype)
+
+        if not call_or_refuse(be, ws, "gemm", dtype, call):
+            return 0.0
+        got_flat = ws.get(pc, c_flat.size, c_flat.dtype)
+        ws.check_unchanged(("A", "B"))
+        if m == 0 or n == 0:
+            ws.check_unchanged()
+    op_a = a.T if transposed(ta) else a
+    op_b = b.T if transposed(tb) else b
+    want = ref.gemm(transposed(ta), transposed(tb), alpha, a, b, beta, c)
+    with np.errstate(invalid="ignore"):
+        tol = gemm_tol(finite_abs(op_a), finite_abs(op_b), c, alpha, beta, eps)
+    return check_c("gemm", got_flat, c_flat, m, n, ldc, want, tol, dtype)
+
+
+def _gemm_shared_allocation(be: ComputeBackend) -> float:
+    """A, B and C at different interior offsets of one allocation."""
+    rng = rng_for("gemm-shared")
+    m, n, k = 9, 7, 5
+    lda, ldb, ldc = m + 1, k + 2, m + 3
+    a = rng.standard_normal((m, k)).astype(F32)
+    b = rng.standard_normal((k, n)).astype(F32)
+    c = rng.standard_normal((m, n)).astype(F32)
+    parts = [colmajor(a, lda, np.nan), colmajor(b, ldb, np.nan), colmajor(c, ldc, SENTINEL)]
+    gap = 3  # elements between the operands (unaligned to 64 bytes on purpose)
+    offsets = []
+    cursor = 0
+    for part in parts:
+        offsets.append(cursor)
+        cursor += part.size + gap
+    flat = np.full(cursor, -1.0, dtype=F32)
+    for off, part in zip(offsets, parts, strict=True):
+        flat[off : off + part.size] = part
+    with Workspace(be) as ws:
+        block = ws.put_bytes(flat.view(np.uint8), label="ABC")
+        pa, pb, pc = (block.ptr + 4 * off for off in offsets)
+        be.gemm("N", "N", m, n, k, 2.0, pa, lda, pb, ldb, 0.5, pc, ldc, dtype="float32")
+        got = ws.get(block.ptr, flat.size, F32)
+    assert_bits_equal("gemm shared allocation: A and B", got[: offsets[2]], flat[: offsets[2]])
+    assert_bits_equal(
+        "gemm shared allocation: gap after C",
+        got[offsets[2] + parts[2].size :],
+        flat[offsets[2] + parts[2].size :],
+    )
+    c_got = got[offsets[2] : offsets[2] + parts[2].size]
+    want = ref.gemm(False, False, 2.0, a, b, 0.5, c)
+    tol = gemm_tol(a.astype(F64), b.astype(F64), c.astype(F64), 2.0, 0.5, EPS32)
+    return check_c("gemm shared allocation", c_got, parts[2].astype(F32), m, n, ldc, want, tol, F32)
+
+
+def _gemm_cases() -> list[Case]:
+    cases: list[Case] = []
+
+    def add(name: str, runner: Runner) -> None:
+        cases.append(Case("gemm", name, runner))
+
+    for ta in "NTC":
+        for tb in "NTC":
+            add(
+                f"{ta}{tb}-ld",
+                functools.partial(_gemm_value, label=f"gemm-{ta}{tb}", ta=ta, tb=tb, m=37, n=29, k=23),
+            )
+    add(
+        "NN-enums",
+        functools.partial(
+            _gemm_value, label="gemm-enums", ta="N", tb="T", m=16, n=16, k=16, dtype=F32, as_enums=True
+        ),
+    )
+    for pair in ("NN", "TN", "NT"):
+        for dt in DTYPES:
+            add(
+                f"{pair}-{SHORT[dt]}",
+                functools.partial(
+                    _gemm_value,
+                    label=f"gemm-{SHORT[dt]}-{pair}",
+                    ta=pair[0],
+                    tb=pair[1],
+                    m=21,
+                    n=19,
+                    k=17,
+                    dtype=dt,
+                ),
+            )
+    add(
+        "beta0-nan-in-C",
+        functools.partial(
+            _gemm_value, label="gemm-b0", ta="N", tb="N", m=13, n=11, k=9, beta=0.0, c_nan=True
+        ),
+    )
+    add(
+        "beta0-nan-in-C-f64",
+        functools.partial(
+            _gemm_value,
+            label="gemm-b0-64",
+            ta="T",
+            tb="N",
+            m=13,
+            n=11,
+            k=9,
+            beta=0.0,
+            c_nan=True,
+            dtype="float64",
+        ),
+    )
+    add("k0", functools.partial(_gemm_value, label="gemm-k0", ta="N", tb="N", m=6, n=5, k=0, beta=-2.0))
+    add(
+        "k0-beta0-nan-in-C",
+        functools.partial(
+            _gemm_value, label="gemm-k0b0", ta="T", tb="T", m=6, n=5, k=0, beta=0.0, c_nan=True
+        ),
+    )
+    add(
+        "alpha0-nan-in-AB",
+        functools.partial(
+            _gemm_value, label="gemm-a0", ta="N", tb="T", m=8, n=6, k=7, alpha=0.0, beta=0.5, ab_nan=True
+        ),
+    )
+    add(
+        "alpha0-beta0",
+        functools.partial(
+            _gemm_value,
+            label="gemm-a0b0",
+            ta="N",
+            tb="N",
+            m=8,
+            n=6,
+            k=7,
+            alpha=0.0,
+            beta=0.0,
+            ab_nan=True,
+            c_nan=True,
+        ),
+    )
+    add("m0", functools.partial(_gemm_value, label="gemm-m0", ta="N", tb="N", m=0, n=5, k=4))
+    add("n0", functools.partial(_gemm_value, label="gemm-n0", ta="T", tb="N", m=5, n=0, k=4))
+    add("vector-m1", functools.partial(_gemm_value, label="gemm-m1", ta="T", tb="N", m=1, n=50, k=33))
+    add("outer-k1", functools.partial(_gemm_value, label="gemm-k1", ta="N", tb="T", m=40, n=30, k=1))
+    add("large-NN", functools.partial(_gemm_value, label="gemm-largeNN", ta="N", tb="N", m=130, n=97, k=200))
+    add("large-TT", functools.partial(_gemm_value, label="gemm-largeTT", ta="T", tb="T", m=65, n=129, k=257))
+    add(
+        "interior-unaligned",
+        functools.partial(_gemm_value, label="gemm-off", ta="T", tb="N", m=19, n=17, k=15, offset=68),
+    )
+    add(
+        "interior-unaligned-f64",
+        functools.partial(
+            _gemm_value, label="gemm-off64", ta="N", tb="T", m=11, n=10, k=9, offset=72, dtype="float64"
+        ),
+    )
+    add("shared-allocation", _gemm_shared_allocation)
+    for dt in DTYPES:
+        add(
+            f"nan-inf-{SHORT[dt]}",
+            functools.partial(
+                _gemm_value, label=f"gemm-nan-{dt}", ta="T", tb="N", m=7, n=6, k=5, specials=True, dtype=dt
+            ),
+        )
+    return cases
+
+
+# --------------------------------------------------------------------------- batched GEMM
+
+
+def _batched_value(
+    be: ComputeBackend,
+    *,
+    label: str,
+    ta: str,
+    tb: str,
+    m: int,
+    n: int,
+    k: int,
+    batch: int,
+    gaps: tuple[int, int, int] = (5, 3, 4),
+    broadcast_a: bool = False,
+    alpha: float = 0.75,
+    beta: float = 1.25,
+    c_nan: bool = False,
+    specials: bool = False,
+    dtype: Any = "float32",
+) -> float:
+    eps = eps_of(dtype)
+    rng = rng_for(label)
+    a_rows, a_cols = (k, m) if transposed(ta) else (m, k)
+    b_rows, b_cols = (n, k) if transposed(tb) else (k, n)
+    lda, ldb, ldc = a_rows + 2, b_rows + 1, m + 3
+    stride_a = 0 if broadcast_a else lda * a_cols + gaps[0]
+    stride_b = ldb * b_cols + gaps[1]
+    stride_c = ldc * n + gaps[2]
+    batches_a = 1 if broadcast_a else batch
+    a, b, c = (
+        ref.round_to(rng.standard_normal(shape), dtype)
+        for shape in ((batches_a, a_rows, a_cols), (batch, b_rows, b_cols), (batch, m, n))
+    )
+    if c_nan:
+        c[...] = np.nan
+    if specials and batch:
+        _inject_specials(a[-1], b[-1], c[-1])
+
+    def pack(mats: npt.NDArray[Any], ld: int, stride: int, fill: float, count: int) -> npt.NDArray[Any]:
+        one = ld * mats.shape[2]
+        total = stride * (count - 1) + one if count else 0
+        flat = np.full(max(total, 1), fill, dtype=np.float64)
+        for i in range(count):
+            flat[i * stride : i * stride + one] = colmajor(mats[min(i, len(mats) - 1)], ld, fill)
+        return storage(flat, dtype)
+
+    a_flat = pack(a, lda, stride_a, np.nan, batches_a if not broadcast_a else 1)
+    b_flat = pack(b, ldb, stride_b, np.nan, batch)
+    c_flat = pack(c, ldc, stride_c, SENTINEL, batch)
+    with Workspace(be) as ws:
+        pa = ws.put(a_flat, label="A")
+        pb = ws.put(b_flat, label="B")
+        pc = ws.put(c_flat, label="C")
+
+        def call() -> None:
+            be.batched_gemm(
+                ta,
+                tb,
+                m,
+                n,
+                k,
+                alpha,
+                pa,
+                lda,
+                stride_a,
+                pb,
+                ldb,
+                stride_b,
+                beta,
+                pc,
+                ldc,
+                stride_c,
+                batch,
+                dtype=dtype,
+            )
+
+        if not call_or_refuse(be, ws, "batched_gemm", dtype, call):
+            return 0.0
+        got = ws.get(pc, c_flat.size, c_flat.dtype)
+        ws.check_unchanged(("A", "B"))
+        if batch == 0:
+            ws.check_unchanged()
+            return 0.0
+    worst = 0.0
+    for i in range(batch):
+        start = i * stride_c
+        if i:
+            gap = slice((i - 1) * stride_c + ldc * n, start)
+            assert_bits_equal(f"batched_gemm: gap before batch {i}", got[gap], c_flat[gap])
+        ai = a[0 if broadcast_a else i]
+        want = ref.gemm(transposed(ta), transposed(tb), alpha, ai, b[i], beta, c[i])
+        op_a = ai.T if transposed(ta) else ai
+        op_b = b[i].T if transposed(tb) else b[i]
+        with np.errstate(invalid="ignore"):
+            tol = gemm_tol(finite_abs(op_a), finite_abs(op_b), c[i], alpha, beta, eps)
+        worst = max(
+            worst,
+            check_c(
+                f"batched_gemm batch {i}",
+                got[start : start + ldc * n],
+                c_flat[start : start + ldc * n],
+                m,
+                n,
+                ldc,
+                want,
+                tol,
+                dtype,
+            ),
+        )
+    return worst
+
+
+def _batched_cases() -> list[Case]:
+    cases: list[Case] = []
+    for pair in ("NN", "TN", "NT", "TT", "CN"):
+        cases.append(
+            Case(
+                "batched_gemm",
+                f"{pair}-gaps",
+                functools.partial(
+                    _batched_value, label=f"bg-{pair}", ta=pair[0], tb=pair[1], m=7, n=5, k=6, batch=3
+                ),
+            )
+        )
+    extra: list[tuple[str, dict[str, Any]]] = [
+        ("broadcast-A-stride0", dict(ta="N", tb="N", m=6, n=4, k=5, batch=4, broadcast_a=True)),
+        ("batch0", dict(ta="N", tb="N", m=3, n=3, k=3, batch=0)),
+        ("batch1", dict(ta="T", tb="N", m=9, n=8, k=7, batch=1)),
+        ("beta0-nan-in-C", dict(ta="N", tb="T", m=5, n=6, k=4, batch=3, beta=0.0, c_nan=True)),
+        ("large", dict(ta="N", tb="N", m=70, n=66, k=130, batch=2)),
+    ]
+    for dt in DTYPES:
+        extra.append((SHORT[dt], dict(ta="T", tb="N", m=6, n=5, k=4, batch=3, dtype=dt)))
+        extra.append(
+            (f"nan-inf-{SHORT[dt]}", dict(ta="N", tb="T", m=5, n=4, k=3, batch=2, specials=True, dtype=dt))
+        )
+    for name, kwargs in extra:
+        cases.append(
+            Case("batched_gemm", name, functools.partial(_batched_value, label=f"bg-{name}", **kwargs))
+        )
+    return cases
+
+
+def blas_cases() -> list[Case]:
+    """Every gemm and batched_gemm value case."""
+    return _gemm_cases() + _batched_cases()
