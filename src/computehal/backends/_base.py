@@ -345,8 +345,17 @@ class TableBackend(ComputeBackend):
     # ------------------------------------------------------------------ dispatch
 
     def _dispatch(self, op: str, p: v.Problem) -> None:
-        """Run a validated problem through the shared mechanisms and the backend's hook."""
+        """Run a validated problem through the shared mechanisms and the backend's hook.
+
+        An operation or dtype the backend does not offer raises UnsupportedError even
+        for an empty problem: ``capabilities().dtypes(op)`` holds for every size.
+        """
         if p.empty:
+            name = p.dtype.name
+            if name not in self.op_dtypes().get(op, ()):
+                raise UnsupportedError(
+                    f"{op} with dtype {name} on the {self.name()} backend{self._dtype_note(name)}"
+                )
             return
         native = self._native_cache.get(op)
         if native is None or p.dtype not in native:

@@ -60,6 +60,15 @@ UNARY_DOMAIN: dict[str, tuple[float, float]] = {
 SPECIALS = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 1e-20, 3e38, -3e38]
 #: sin / cos promise accuracy for moderate arguments only (argument reduction).
 TRIG_SPECIALS = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 1e-20, 1000.25, -1234.5]
+#: GELU / SILU near the float32 limit would depend on the order of the formula's products
+#: (``0.5 * x * 2`` overflows one way, not the other); 1e30 still overflows x**3.
+LARGE_SPECIALS = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 1e-20, 1e30, -1e30]
+_SPECIALS_OF = {
+    "sin": TRIG_SPECIALS,
+    "cos": TRIG_SPECIALS,
+    "gelu": LARGE_SPECIALS,
+    "gelu_tanh": LARGE_SPECIALS,
+}
 #: (name, keyword parameters) run for the parametrised ops.
 PARAMETERS: dict[str, list[tuple[str, dict[str, float]]]] = {
     "leaky_relu": [("alpha0.2", {"alpha": 0.2}), ("alpha-negative", {"alpha": -1.5})],
@@ -110,7 +119,7 @@ def _unary_value(
     rng = rng_for(f"unary-{op}-{n}")
     lo, hi = UNARY_DOMAIN[op.lower()]
     x = rng.uniform(lo, hi, size=n)
-    specials = TRIG_SPECIALS if op.lower() in ("sin", "cos") else SPECIALS
+    specials = _SPECIALS_OF.get(op.lower(), SPECIALS)
     x[: len(specials)] = specials[:n]
     x = ref.round_to(x, dt)
     kw: dict[str, Any] = dict(params or {})
@@ -348,7 +357,7 @@ def _broadcast_cases() -> list[Case]:
         cases.append(
             Case(
                 "broadcast_binary",
-                f"outer-{op}",
+                f"outer-2d-{op}",
                 functools.partial(_broadcast_value, op=op, shapes=((4, 1, 3), (5, 1))),
             )
         )
