@@ -11,6 +11,20 @@ check`` ignores this file and reports what it finds.
 
 from __future__ import annotations
 
+import fnmatch
+from typing import Any
+
+
+def is_pending(backend: str, test_id: str) -> bool:
+    """True when ``test_id`` (``<op>-<case>`` or ``offers-<op>-<dtype>``) is pending on ``backend``."""
+    return any(fnmatch.fnmatchcase(test_id, pattern) for pattern in PENDING.get(backend, ()))
+
+
+def unexpected_failures(backend: str, report: Any) -> list[str]:
+    """Ids of the failed cases of a ``ConformanceReport`` that are not pending on ``backend``."""
+    return [r.id for r in report.failures if not is_pending(backend, r.id)]
+
+
 PENDING: dict[str, frozenset[str]] = {
     "cpu": frozenset(
         {

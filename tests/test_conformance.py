@@ -20,7 +20,7 @@ import pytest
 from computehal import Capabilities, ComputeBackend, CpuBackend, ForwardingBackend, NullBackend
 from computehal.backend import ALL_OPS
 from computehal.testing import OPS, Case, conformance_cases, reference, run_case, run_conformance
-from conformance_pending import PENDING
+from conformance_pending import PENDING, is_pending
 from conftest import BACKEND_FACTORIES, live_count, runnable_backends, use_shared
 
 CASES = conformance_cases()
@@ -30,8 +30,7 @@ FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 def _pending(backend: str, test_id: str) -> list[pytest.MarkDecorator]:
-    patterns = PENDING.get(backend, ())
-    if any(fnmatch.fnmatchcase(test_id, pattern) for pattern in patterns):
+    if is_pending(backend, test_id):
         return [pytest.mark.xfail(strict=True, reason=f"pending on {backend} (conformance_pending.py)")]
     return []
 
@@ -314,6 +313,52 @@ class _TruncatesBf16(_Mutant):
                 self.inner.free(t)
 
 
+class _IgnoresMask(_Mutant):
+    """Attention that drops the additive mask."""
+
+    def attention(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        kwargs.pop("mask_ptr", None)
+        kwargs.pop("mask_shape", None)
+        self.inner.attention(*args, **kwargs)
+
+
+class _IgnoresLog(_Mutant):
+    """Softmax that ignores log=True."""
+
+    def softmax(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        kwargs.pop("log", None)
+        self.inner.softmax(*args, **kwargs)
+
+
+class _IgnoresBias(_Mutant):
+    """Forward convolution that drops the bias."""
+
+    def conv2d_forward(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        kwargs.pop("bias_ptr", None)
+        self.inner.conv2d_forward(*args, **kwargs)
+
+
+class _CastTruncates(_Mutant):
+    """float32 -> bfloat16 by dropping the low 16 bits instead of rounding to nearest even."""
+
+    def cast(self, input_ptr: int, output_ptr: int, n: int, **kwargs: Any) -> None:  # type: ignore[override]
+        if kwargs.get("dtype") == "float32" and kwargs.get("out_dtype") == "bfloat16" and n:
+            bits = self._floats(input_ptr, n).view(np.uint32)
+            self.inner.copy_htod(output_ptr, (bits >> 16).astype(np.uint16))
+            return
+        self.inner.cast(input_ptr, output_ptr, n, **kwargs)
+
+
+class _MultipliesPadding(_Mutant):
+    """conv2d_backward_data where one NaN in the filter spreads everywhere (padding multiplied)."""
+
+    def conv2d_backward_data(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        self.inner.conv2d_backward_data(*args, **kwargs)
+        f_ptr, f_shape, gx_ptr, gx_shape = args[2], args[3], args[4], args[5]
+        if np.isnan(self._floats(f_ptr, int(np.prod(f_shape)))).any():
+            self.inner.copy_htod(gx_ptr, np.full(int(np.prod(gx_shape)), np.nan, dtype=np.float32))
+
+
 @pytest.mark.parametrize(
     ("mutant", "op", "must_fail"),
     [
@@ -325,6 +370,11 @@ class _TruncatesBf16(_Mutant):
         (_ClaimsNoFp64, "gemm", "gemm-NN-f64"),
         (_LeaksValueError, "reduce", "reduce-bad-axis-equal-ndim"),
         (_TruncatesBf16, "gemm_mixed_precision", "gemm_mixed_precision-bf16-ties-columns"),
+        (_IgnoresMask, "attention", "attention-mask-full"),
+        (_IgnoresLog, "softmax", "softmax-log-axis1"),
+        (_IgnoresBias, "conv2d_forward", "conv2d_forward-bias"),
+        (_CastTruncates, "cast", "cast-f32-to-bf16"),
+        (_MultipliesPadding, "conv2d_backward_data", "conv2d_backward_data-nan-tap-2x2-f32"),
     ],
     ids=lambda v: v.__name__.strip("_") if isinstance(v, type) else str(v),
 )

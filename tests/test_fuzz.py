@@ -11,12 +11,19 @@ Operands sit in the middle of guarded allocations (canary bytes on both sides), 
 pointers are drawn from valid interior pointers, freed, zero, unknown, end-of-
 allocation and non-integer values. ``COMPUTEHAL_FUZZ_EXAMPLES`` sets the number of
 examples per op (default 60).
+
+A second fuzz makes valid calls hostile: integer arguments whose ``__index__`` frees an
+operand or another allocation, closes the backend, raises or lies, and index arrays that
+are masked, read-only or strided (``COMPUTEHAL_FUZZ_HOSTILE_EXAMPLES`` examples per
+backend, default 120).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -26,6 +33,7 @@ from hypothesis import strategies as st
 
 from computehal import BackendError, ComputeBackend
 from computehal.testing.workspace import Block, Workspace
+from conftest import BACKEND_FACTORIES, make_backend
 
 EXAMPLES = int(os.environ.get("COMPUTEHAL_FUZZ_EXAMPLES", "60"))
 NBLOCKS = 4
@@ -455,3 +463,138 @@ def test_fuzz(backend: ComputeBackend, op: str, data: st.DataObject) -> None:
                 f"{call} let a non-BackendError escape: {type(error).__name__}: {error}"
             ) from error
         check_memory(arena, written_ranges(op, resolved, kwargs), call)
+
+
+# --------------------------------------------------------------------------- hostile objects
+
+HOSTILE_EXAMPLES = int(os.environ.get("COMPUTEHAL_FUZZ_HOSTILE_EXAMPLES", "120"))
+#: What a hostile integer does when its ``__index__`` runs.
+EFFECTS = ("count", "free", "close", "raise", "huge", "negative")
+
+
+class HostileIndex:
+    """An integer argument whose ``__index__`` has a side effect (and counts its calls)."""
+
+    def __init__(self, value: int, effect: str, arena: Arena, backend: ComputeBackend, victim: int) -> None:
+        self.value, self.effect, self.arena, self.backend, self.victim = value, effect, arena, backend, victim
+        self.calls = 0
+
+    def __index__(self) -> int:
+        self.calls += 1
+        if self.effect == "free" and self.calls == 1:
+            block = self.arena.blocks[self.victim]
+            if block.live:
+                self.arena.ws.release(block.ptr)
+        elif self.effect == "close":
+            self.backend.close()
+        elif self.effect == "raise":
+            raise RuntimeError("hostile __index__")
+        elif self.effect == "huge":
+            return 2**80
+        elif self.effect == "negative":
+            return -self.value - 1
+        return self.value
+
+    def __repr__(self) -> str:
+        return f"HostileIndex({self.value}, {self.effect!r}, victim={self.victim})"
+
+
+def _hostile_indices(kind: str, valid: list[int], rows: int) -> Any:
+    """Index containers that look valid to a careless check but are not what they seem."""
+    if kind == "masked-out-of-range":  # min() / max() of the masked array look fine
+        data = np.asarray([*valid, rows + 5], dtype=np.int64)
+        return np.ma.array(data, mask=[False] * len(valid) + [True])
+    if kind == "masked-valid":
+        return np.ma.array(np.asarray(valid, dtype=np.int64), mask=[i % 2 == 0 for i in range(len(valid))])
+    if kind == "read-only":
+        arr = np.asarray(valid, dtype=np.int32)
+        arr.setflags(write=False)
+        return arr
+    if kind == "strided":
+        return np.repeat(np.asarray(valid, dtype=np.int64), 2)[::2]
+    return np.asarray(valid, dtype=np.uint8)  # "uint8"
+
+
+@pytest.fixture(scope="module", params=sorted(BACKEND_FACTORIES))
+def private_backend(request: pytest.FixtureRequest) -> Iterator[ComputeBackend]:
+    """A backend of its own for the hostile fuzz (its arguments may close it)."""
+    be = make_backend(request.param)
+    yield be
+    be.close()
+
+
+@settings(
+    max_examples=HOSTILE_EXAMPLES,
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
+    derandomize=True,
+)
+@given(data=st.data())
+def test_fuzz_hostile_arguments(private_backend: ComputeBackend, data: st.DataObject) -> None:
+    """Valid calls with one or two integers whose ``__index__`` frees an operand, frees
+    another allocation, closes the backend, raises or lies, and index arrays that are
+    masked, read-only or strided.
+
+    Only ``BackendError`` may escape; each ``__index__`` runs at most once; no call
+    hangs; when the backend is still open, nothing outside the call's outputs changed
+    in any allocation still live.
+    """
+    be = private_backend
+    if not be.is_initialized():
+        be.init()
+    op = data.draw(st.sampled_from(OPS), label="op")
+    gemm_like = op in ("gemm", "batched_gemm", "gemm_mixed_precision")
+    args, kwargs = data.draw(valid_gemm(op) if gemm_like else valid_other(op), label="valid call")
+    with Workspace(be, guard=64) as ws:
+        arena = Arena(ws, seed=len(args))
+        plain = {name: arena.pointer(v) if name.endswith("_ptr") else v for name, v in args.items()}
+        hostile: list[HostileIndex] = []
+        resolved = dict(plain)
+        ints = [name for name, v in plain.items() if isinstance(v, int) and not isinstance(v, bool)]
+        for name in data.draw(
+            st.lists(st.sampled_from(ints), min_size=1, max_size=2, unique=True), label="hostile"
+        ):
+            effect = data.draw(st.sampled_from(EFFECTS), label=f"{name} effect")
+            victim = data.draw(st.integers(0, NBLOCKS - 1), label="victim block")
+            hostile.append(HostileIndex(plain[name], effect, arena, be, victim))
+            resolved[name] = hostile[-1]
+        if op in ("gather", "scatter"):
+            kind = data.draw(
+                st.sampled_from(
+                    ["plain", "masked-out-of-range", "masked-valid", "read-only", "strided", "uint8"]
+                ),
+                label="indices",
+            )
+            if kind != "plain":
+                resolved["indices"] = plain["indices"] = _hostile_indices(
+                    kind, list(plain["indices"]), plain["rows"]
+                )
+        outcome: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                getattr(be, op)(*resolved.values(), **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - judged below
+                outcome.append(exc)
+
+        worker = threading.Thread(target=call, daemon=True)
+        worker.start()
+        worker.join(120)
+        text = f"{op}({', '.join(f'{k}={v!r}' for k, v in resolved.items())}, **{kwargs!r})"
+        assert not worker.is_alive(), f"{text} hung"
+        for h in hostile:
+            assert h.calls <= 1, f"{text}: __index__ of {h!r} ran {h.calls} times"
+        if outcome and not isinstance(outcome[0], BackendError):
+            raise AssertionError(f"{text} let {type(outcome[0]).__name__} escape: {outcome[0]}") from outcome[
+                0
+            ]
+        if not be.is_initialized():  # closed by an argument: its memory is gone
+            for block in ws.blocks:
+                block.live = False
+            return
+        allowed = [] if outcome else written_ranges(op, plain, kwargs)
+        check_memory(arena, allowed, text + (" raised but" if outcome else ""))

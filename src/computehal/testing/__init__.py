@@ -17,9 +17,20 @@ subclass and leave memory untouched.
 Every compute operation runs in float16, bfloat16, float32 and float64. A case expects
 a result when ``backend.capabilities().dtypes(op)`` lists its dtype and
 :class:`~computehal.UnsupportedError` (with nothing written) otherwise; such a case is
-reported as passed and ``unsupported``. How tolerances are chosen (16-bit storage types
-included) is written down in :mod:`computehal.testing._common`. NaN and infinity cases
-hold every backend to the NaN rules of :class:`~computehal.ComputeBackend`'s docstrings.
+reported as passed and ``unsupported``. NaN and infinity cases hold every backend to
+the NaN rules of :class:`~computehal.ComputeBackend`'s docstrings.
+
+Tolerances: every tolerance is an error bound of the operation's arithmetic in float32
+(or float64): a multiple of that type's unit roundoff times the magnitudes the result is
+built from (a sum of ``k`` terms: about ``2 (k + 2) eps`` times the sum of the terms'
+magnitudes), plus the smallest normal number (a device may flush subnormals to zero).
+float16 and bfloat16 are storage types, computed in float32 and rounded to nearest even
+when stored; inputs are exact 16-bit values. The float32 result lies within the float32
+bound ``t`` of the exact value ``v``, storing it moves it by at most half a 16-bit unit
+in the last place, and the comparison is with ``v`` rounded to 16 bits (another half
+unit): a 16-bit result must lie within ``t + ulp16(|v| + t)`` of ``round16(v)``. Exact
+operations (copies, ``fill``, ``cast``, gather / scatter, RELU, ABS, NEG, MAX / MIN, CLIP,
+max pooling) are compared bit for bit or with zero tolerance.
 
 For pytest, parametrise over :func:`conformance_cases` (``case.id`` makes a readable
 test id) and call ``case.run(backend)`` in the test.

@@ -1,21 +1,7 @@
 """Shared pieces of the conformance kit: the case record, seeded data, dtypes, comparisons.
 
-Tolerances
-----------
-Every tolerance is an error bound of the operation's arithmetic in float32 (or float64),
-written as a multiple of the unit roundoff ``eps`` of the arithmetic type times the
-magnitude the result is built from (for a sum of ``k`` terms: ``~2 (k + 2) eps`` times
-the sum of the terms' magnitudes), plus the smallest normal number of that type (a
-device may flush subnormal results to zero).
-
-16-bit storage types (float16, bfloat16) are computed in float32 and rounded to nearest
-even when stored. Inputs are drawn as exact 16-bit values and the oracle computes on
-those. The float32 result is within the float32 bound ``t`` of the exact value ``v``;
-rounding it to 16 bits moves it by at most half a unit in the last place, and the
-comparison is with ``v`` rounded to 16 bits, another half unit away. So a 16-bit result
-must be within ``t + ulp16(|v| + t)`` of ``v`` rounded to 16 bits
-(:func:`storage_tol`). Exact operations (copies, ``fill``, ``cast``, RELU, ABS, NEG,
-MAX / MIN, CLIP ...) are compared bit for bit or with zero tolerance.
+How tolerances are chosen (16-bit storage types included) is described in the package
+docstring of :mod:`computehal.testing`; :func:`storage_tol` implements the 16-bit rule.
 """
 
 from __future__ import annotations
