@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 
 from computehal import BackendError, ComputeBackend
 from computehal.testing.workspace import Block, Workspace
-from conftest import BACKEND_FACTORIES, make_backend
+from conftest import make_backend, runnable_backends
 
 EXAMPLES = int(os.environ.get("COMPUTEHAL_FUZZ_EXAMPLES", "60"))
 NBLOCKS = 4
@@ -515,7 +515,7 @@ def _hostile_indices(kind: str, valid: list[int], rows: int) -> Any:
     return np.asarray(valid, dtype=np.uint8)  # "uint8"
 
 
-@pytest.fixture(scope="module", params=sorted(BACKEND_FACTORIES))
+@pytest.fixture(scope="module", params=sorted(runnable_backends()))
 def private_backend(request: pytest.FixtureRequest) -> Iterator[ComputeBackend]:
     """A backend of its own for the hostile fuzz (its arguments may close it)."""
     be = make_backend(request.param)
