@@ -28,12 +28,5 @@ def unexpected_failures(backend: str, report: Any) -> list[str]:
 PENDING: dict[str, frozenset[str]] = {
     "cpu": frozenset(),
     "opencl": frozenset(),
-    "wgpu": frozenset(
-        {
-            # reads values of keys it cannot see (0 * inf = NaN in rows that never see them)
-            "attention-nan-inf-mask-f16",
-            "attention-nan-inf-mask-bf16",
-            "attention-nan-inf-mask-f32",
-        }
-    ),
+    "wgpu": frozenset(),
 }

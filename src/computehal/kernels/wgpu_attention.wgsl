@@ -139,6 +139,9 @@ fn attention(
                 score += M[m_row + j * P.m_stride.w];
                 visible = visible && bitcast<u32>(score) != 0xff800000u;
             }
+            if (!visible) {
+                continue;  // a key this query cannot see is not read at all (no 0 * inf)
+            }
             let new_max = select(running_max, max(running_max, score), visible);
             let correction = exp(running_max - new_max);
             let weight = select(0.0, exp(score - new_max), visible);
