@@ -228,3 +228,34 @@ def test_plans_for_new_shapes_share_the_weights(cpu: Any) -> None:
         uploads = backend.calls["copy_htod"]
         assert uploads == (2 if batch == 2 else 1)  # the weight once, then only the input
     session.close()
+
+
+class Limited(Counting):
+    """Refuses unary calls over more than ``most`` elements when they run (no probe shows it)."""
+
+    def __init__(self, inner: Any, most: int) -> None:
+        super().__init__(inner, label="limited")
+        self.most = most
+        forward = self.unary
+
+        def unary(op: Any, x: int, y: int, n: int, **kwargs: Any) -> None:
+            if n > self.most:
+                raise UnsupportedError(f"unary over {n} elements exceeds {self.most}")
+            forward(op, x, y, n, **kwargs)
+
+        self.unary = unary  # type: ignore[method-assign]
+
+
+def test_a_call_refused_at_run_time_moves_its_node_to_the_cpu(cpu: Any) -> None:
+    m, w1, w2 = mlp()
+    x = np.random.default_rng(5).standard_normal((4, 6)).astype(np.float32)
+    limited = Limited(cpu, most=8)
+    session = InferenceSession(m, backend=limited)
+    with pytest.warns(FallbackWarning, match="refused when it ran|exceeds"):
+        (y,) = session.run(None, {"x": x})
+    np.testing.assert_allclose(y, np.maximum(x @ w1, 0) @ w2, rtol=1e-5, atol=1e-5)
+    relu = next(n for n in session.plan().nodes if n.op == "Relu")
+    assert relu.where == "cpu" and relu.reason is not None and "exceeds 8" in relu.reason
+    strict = InferenceSession(m, backend=limited, strict=True)
+    with pytest.raises(UnsupportedError, match="Relu"):
+        strict.run(None, {"x": x})

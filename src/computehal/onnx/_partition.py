@@ -73,10 +73,12 @@ def partition(
     *,
     strict: bool = False,
     stable: frozenset[str] = frozenset(),
+    forced: dict[str, str] | None = None,
 ) -> tuple[list[NodePlan], LoweringContext]:
     """Lower and place every node of ``spec``; raise UnsupportedError for what runs nowhere.
 
-    ``stable`` names the constants of the model as loaded (weights keyed by name).
+    ``stable`` names the constants of the model as loaded (weights keyed by name);
+    ``forced`` maps nodes to the CPU fallback with the reason (refused when they ran).
     """
     ctx = LoweringContext(spec, stable)
     for info in spec.graph.inputs:
@@ -92,7 +94,7 @@ def partition(
     lacking: list[str] = []
     for node in spec.graph.nodes:
         try:
-            plans.append(_place(node, ctx, primary, fallback))
+            plans.append(_place(node, ctx, primary, fallback, (forced or {}).get(node.name)))
         except _Lacks as exc:
             lacking.append(f"{node.name} ({node.op}): {exc}")
         except (Unmappable, UnsupportedError) as exc:
@@ -114,7 +116,11 @@ def partition(
 
 
 def _place(
-    node: Node, ctx: LoweringContext, primary: ComputeBackend, fallback: ComputeBackend | None
+    node: Node,
+    ctx: LoweringContext,
+    primary: ComputeBackend,
+    fallback: ComputeBackend | None,
+    forced: str | None = None,
 ) -> NodePlan:
     spec = ctx.spec
     names = [name for name in node.outputs if name]
@@ -143,7 +149,7 @@ def _place(
     ctx.device.update(lw.outputs)
     atoms = [atom for instr in lw.instrs for atom in atoms_of(instr)]
     plan = NodePlan(node, PRIMARY, lw.instrs, lw.new_storages)
-    reason = missing(primary, atoms)
+    reason = forced or missing(primary, atoms)
     if reason is not None:
         if fallback is None:
             raise _Lacks(reason)

@@ -23,16 +23,26 @@ from typing import Any
 import numpy as np
 
 from ..backend import ComputeBackend
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, UnsupportedError
 from ._lowering import LoweringContext
 from ._memory import Block, naive_size, place
 from ._partition import FALLBACK, HOST, PRIMARY, NodePlan
 from ._tensors import Call, DeviceTensor, HostArg, Storage, Upload
 from ._weights import WeightStore
 
-__all__ = ["Border", "ExecutablePlan", "MemoryReport"]
+__all__ = ["Border", "ExecutablePlan", "MemoryReport", "StepUnsupported"]
 
 Step = Callable[[dict[str, Any]], None]
+
+
+class StepUnsupported(UnsupportedError):
+    """A call of the plan was refused when it ran (a limit no probe shows: a buffer too large
+    for one binding, ...); ``node`` names the node it belongs to."""
+
+    def __init__(self, node: str, error: UnsupportedError) -> None:
+        super().__init__(f"node {node!r}: {error}")
+        self.node = node
+        self.reason = str(error)
 
 
 @dataclass
@@ -105,6 +115,8 @@ class ExecutablePlan:
         self._downloaded: set[str] = set()
         self._lock = threading.Lock()
         self._ops: list[tuple[str, Any]] = []  # (partition | HOST, instruction), resolved
+        self._owners: list[str] = []  # the node each entry of _ops belongs to
+        self._current = ""
         self._build()
         self.outputs = [self._output_source(name) for name in self.spec.graph.output_values()]
         end = len(self._ops)
@@ -133,7 +145,7 @@ class ExecutablePlan:
             mirror = Storage(storage.nbytes, "arena", f"{storage.label}@{where}", home=where)
             self._mirrors[(storage, where)] = mirror
             home = storage.home or PRIMARY
-            self._ops.append((where, ("transfer", home, storage, mirror)))
+            self._append(where, ("transfer", home, storage, mirror))
             self.parts[home].touch(storage, len(self._ops) - 1)
             self.parts[where].touch(mirror, len(self._ops) - 1)
             self.borders.append(
@@ -146,8 +158,13 @@ class ExecutablePlan:
             )
         return DeviceTensor(mirror, tensor.offset, tensor.shape, tensor.dtype)
 
+    def _append(self, where: str, op: Any) -> None:
+        self._ops.append((where, op))
+        self._owners.append(self._current)
+
     def _build(self) -> None:
         for plan in self.plans:
+            self._current = plan.node.name
             if plan.where == HOST:
                 self._host_node(plan)
                 continue
@@ -157,7 +174,7 @@ class ExecutablePlan:
                     name = self.parts[plan.where].backend.name()
                     label = f"{resolved.dst.storage.label} ({resolved.value.label})"
                     self.borders.append(Border(label, "host", name, resolved.dst.nbytes))
-                self._ops.append((plan.where, resolved))
+                self._append(plan.where, resolved)
                 step = len(self._ops) - 1
                 for tensor in resolved.tensors():
                     self.parts[plan.where].touch(tensor.storage, step)
@@ -181,11 +198,11 @@ class ExecutablePlan:
             if tensor is None:
                 raise InvalidArgumentError(f"value {name!r} is not available for node {plan.node.name!r}")
             where = tensor.storage.home or PRIMARY
-            self._ops.append((where, ("download", name, tensor)))
+            self._append(where, ("download", name, tensor))
             self.parts[where].touch(tensor.storage, len(self._ops) - 1)
             self._downloaded.add(name)
             self.borders.append(Border(name, self.parts[where].backend.name(), "host", tensor.nbytes))
-        self._ops.append((HOST, plan))
+        self._append(HOST, plan)
 
     def _output_source(self, name: str) -> Any:
         consts = self.spec.graph.consts
@@ -263,8 +280,11 @@ class ExecutablePlan:
             values: dict[str, Any] = dict(feeds)
             for step in self._input_steps:
                 step(values)
-            for step in self._steps:
-                step(values)
+            for index, step in enumerate(self._steps):
+                try:
+                    step(values)
+                except UnsupportedError as exc:
+                    raise StepUnsupported(self._owners[index], exc) from exc
             for part in self.parts.values():
                 if part.storages or part.weights:
                     part.backend.synchronize()

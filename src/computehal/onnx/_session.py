@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
@@ -19,8 +20,8 @@ from ..backend import ComputeBackend
 from ..errors import InvalidArgumentError, UnsupportedError
 from . import ops_attention, ops_elementwise, ops_math, ops_movement, ops_reduce  # noqa: F401 - registers lowerings
 from ._ir import Graph, ValueInfo, graph_from_model, is_float, load_model
-from ._partition import FALLBACK, HOST, PRIMARY, partition
-from ._plan import Border, ExecutablePlan, MemoryReport
+from ._partition import FALLBACK, HOST, PRIMARY, FallbackWarning, partition
+from ._plan import Border, ExecutablePlan, MemoryReport, StepUnsupported
 from ._shapes import Specialized, specialize
 from ._simplify import simplify
 from ._weights import WeightStore
@@ -182,6 +183,7 @@ class InferenceSession:
         self._lock = threading.Lock()
         self._finalizer = weakref.finalize(self, _close_plans, self._plans, self._weights)
         self._value_keyed = False
+        self._forced: dict[str, str] = {}  # nodes the backend refused when they ran
         shapes = self._declared_shapes()
         if shapes is not None:
             try:
@@ -264,7 +266,9 @@ class InferenceSession:
             return built
 
     def _build(self, spec: Specialized) -> tuple[Specialized, ExecutablePlan]:
-        plans, ctx = partition(spec, self._backend, self._fallback, strict=self._strict, stable=self._stable)
+        plans, ctx = partition(
+            spec, self._backend, self._fallback, strict=self._strict, stable=self._stable, forced=self._forced
+        )
         return spec, ExecutablePlan(plans, ctx, self._backend, self._fallback, self._weights)
 
     def _frozen(self, feeds: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray]:
@@ -340,10 +344,28 @@ class InferenceSession:
             if name not in outputs:
                 raise InvalidArgumentError(f"unknown output {name!r}; the model has {outputs}")
         shapes = {name: tuple(value.shape) for name, value in feeds.items()}
-        _, executable = self._plan_for(shapes, feeds)
-        results = executable.run(feeds)
+        while True:
+            _, executable = self._plan_for(shapes, feeds)
+            try:
+                results = executable.run(feeds)
+                break
+            except StepUnsupported as exc:
+                self._move_to_fallback(exc)
         by_name = dict(zip(outputs, results, strict=True))
         return [by_name[name] for name in wanted]
+
+    def _move_to_fallback(self, exc: StepUnsupported) -> None:
+        """Re-plan with a node the backend refused at run time on the CPU backend (or refuse)."""
+        if self._strict or self._fallback is None or exc.node in self._forced:
+            raise UnsupportedError(str(exc)) from exc
+        self._forced[exc.node] = f"refused when it ran: {exc.reason}"
+        warnings.warn(
+            f"node {exc.node!r} runs on the CPU backend: {exc.reason}", FallbackWarning, stacklevel=3
+        )
+        with self._lock:
+            for _, executable in self._plans.values():
+                executable.close()
+            self._plans.clear()
 
     def close(self) -> None:
         """Free the device memory of every plan (the session cannot run afterwards)."""
