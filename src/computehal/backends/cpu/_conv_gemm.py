@@ -180,7 +180,8 @@ def im2col_forward(
     pixels, crs = oh * ow, c * fh * fw
     dt: Any = x.dtype
     kern = kernels("_kcols")
-    geom = np.array([fh, fw, sh, sw, pt, pl, dh, dw], dtype=np.int64)
+    geometry_rows = (fh, fw, sh, sw, pt, pl, dh, dw)
+    geom = np.array(geometry_rows, dtype=np.int64)
     fmat = np.ascontiguousarray(f.reshape(k, crs))
     ys = y.reshape(n, k, pixels)
     tasks = _column_tasks(n, pixels, crs)
@@ -191,8 +192,9 @@ def im2col_forward(
             width = (n1 - n0) * (p1 - p0)
             cols = thread_scratch("im2col", crs * width, dt)[: crs * width].reshape(crs, width)
             if ow >= WIDE_ROWS:
+                buf = thread_scratch("im2col-rows", kern.rows_scratch(p0, p1, ow, geometry_rows), dt)
                 for i in range(n0, n1):
-                    kern.im2col_rows(x, i, p0, p1, ow, geom, cols, (i - n0) * (p1 - p0))
+                    kern.im2col_rows(x, i, p0, p1, ow, geom, cols, (i - n0) * (p1 - p0), buf)
             else:
                 table = thread_scratch("im2col-taps", fh * fw * (p1 - p0), np.int64)
                 table = table[: fh * fw * (p1 - p0)].reshape(fh * fw, p1 - p0)

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._nb import jit
+from ._nb import jit, wide_vectors
 
-__all__ = ["im2col_block", "im2col_rows", "tap_offsets", "warm_up"]
+__all__ = ["im2col_block", "im2col_rows", "rows_scratch", "tap_offsets", "warm_up"]
 
 _U = np.uint64
 
@@ -52,6 +52,7 @@ def im2col_block(x, n, table, cols, col0):
     loop over row segments would pay its bookkeeping per segment, which dominates on
     small images).
     """
+    wide_vectors()
     cin = x.shape[1]
     taps, count = table.shape[0], table.shape[1]
     for c in range(cin):
@@ -66,46 +67,88 @@ def im2col_block(x, n, table, cols, col0):
 
 
 @jit
-def im2col_rows(x, n, p0, p1, ow, geometry, cols, col0):
+def _phase_rows(x, n, c, h0, h1, sw, pl, padded, phases):
+    """Input rows ``[h0, h1)`` of channel ``c``, zero-padded on the left by ``pl``, split by column phase.
+
+    ``phases[(h - h0) * sw + ph, j]`` = padded row ``h`` at column ``j * sw + ph`` (0 outside
+    the image, and for rows outside it). ``padded`` is scratch of at least ``sw *
+    phases.shape[1]`` floats.
+    """
+    height, width = x.shape[2], x.shape[3]
+    span = phases.shape[1]
+    for h in range(h0, h1):
+        base = (h - h0) * sw
+        if h < 0 or h >= height:
+            for ph in range(sw):
+                phases[base + ph, :] = 0
+            continue
+        row = x[n, c, h]
+        padded[: sw * span] = 0
+        u0, u1 = max(0, pl), min(sw * span, width + pl)
+        if u1 > u0:
+            padded[u0:u1] = row[u0 - pl : u1 - pl]
+        if sw == 1:
+            phases[base, :] = padded[:span]
+        elif sw == 2:
+            even = phases[base]
+            odd = phases[base + 1]
+            for j in range(span):  # both members of the pair: shuffles, not gathers
+                even[j] = padded[2 * j]
+                odd[j] = padded[2 * j + 1]
+        else:
+            for ph in range(sw):
+                line = phases[base + ph]
+                for j in range(span):
+                    line[j] = padded[j * sw + ph]
+
+
+@jit
+def im2col_rows(x, n, p0, p1, ow, geometry, cols, col0, buf):
     """:func:`im2col_block` for wide images: columns ``col0 ..`` for pixels ``[p0, p1)`` of image ``n``.
 
-    Copies strided input row segments (one per output row, tap and channel) without a
-    table; ``geometry`` as in :func:`tap_offsets`.
+    Each needed input row is zero-padded and split by column phase once (stride 2: even
+    and odd columns), after which every filter tap's row segment is one contiguous copy.
+    ``geometry`` as in :func:`tap_offsets`; ``buf`` is float32 scratch of at least
+    :func:`rows_scratch` elements.
     """
+    wide_vectors()
     fh, fw, sh, sw, pt, pl, dh, dw = geometry
-    cin, height, width = x.shape[1], x.shape[2], x.shape[3]
-    plane = height * width
-    src = x.reshape(-1)
-    base = n * cin * plane
+    cin = x.shape[1]
+    oh0, oh1 = p0 // ow, (p1 - 1) // ow + 1
+    h0 = oh0 * sh - pt
+    h1 = (oh1 - 1) * sh - pt + (fh - 1) * dh + 1
+    span = ow + ((fw - 1) * dw) // sw + 1
+    padded = buf[: sw * span]
+    phases = buf[sw * span : sw * span + (h1 - h0) * sw * span].reshape(((h1 - h0) * sw, span))
     for c in range(cin):
+        _phase_rows(x, n, c, h0, h1, sw, pl, padded, phases)
         for r in range(fh):
             for s in range(fw):
-                dst = cols[(c * fh + r) * fw + s]
+                crow = (c * fh + r) * fw + s
+                phase, shift = (s * dw) % sw, (s * dw) // sw
                 p = p0
                 j = col0
                 while p < p1:
                     oh = p // ow
-                    ow0 = p - oh * ow
-                    seg = min(ow - ow0, p1 - p)
-                    h = oh * sh - pt + r * dh
-                    first = ow0 * sw - pl + s * dw
-                    # q0: first q with first + q * sw >= 0; q1: one past the last with < width.
-                    q0 = 0 if first >= 0 else min(seg, (-first + sw - 1) // sw)
-                    q1 = 0 if first >= width else min(seg, (width - 1 - first) // sw + 1)
-                    if h < 0 or h >= height:
-                        q1 = q0 = seg
-                    q1 = max(q0, q1)
-                    # Unsigned indices: numba adds no negative-index fix-up, so the
-                    # addresses stay affine in q and the loops vectorise.
-                    for q in range(q0):
-                        dst[_U(j + q)] = 0
-                    row = base + c * plane + h * width + first
-                    for q in range(q0, q1):
-                        dst[_U(j + q)] = src[_U(row + q * sw)]
-                    for q in range(q1, seg):
-                        dst[_U(j + q)] = 0
+                    first = p - oh * ow
+                    seg = min(ow - first, p1 - p)
+                    prow = (oh * sh - pt + r * dh - h0) * sw + phase
+                    at = first + shift
+                    # 2-D indices with unsigned column offsets: no view per segment and no
+                    # negative-index fix-up, so this copy vectorises and costs only its loads.
+                    for q in range(seg):
+                        cols[crow, _U(j + q)] = phases[prow, _U(at + q)]
                     p += seg
                     j += seg
+
+
+def rows_scratch(p0: int, p1: int, ow: int, geometry: tuple[int, ...]) -> int:
+    """Float32 elements of scratch one :func:`im2col_rows` call needs."""
+    fh, fw, sh, sw, pt, pl, dh, dw = geometry
+    oh0, oh1 = p0 // ow, (p1 - 1) // ow + 1
+    rows = (oh1 - 1 - oh0) * sh + (fh - 1) * dh + 1
+    span = ow + ((fw - 1) * dw) // sw + 1
+    return (rows + 1) * sw * span
 
 
 def warm_up() -> None:
@@ -117,4 +160,8 @@ def warm_up() -> None:
         x = np.zeros((1, 1, 4, 4), dtype=dtype)
         cols = np.zeros((9, 4), dtype=dtype)
         im2col_block(x, 0, table, cols, 0)
-        im2col_rows(x, 0, 0, 4, 2, geometry, cols, 0)
+        buf = np.zeros(rows_scratch(0, 4, 2, tuple(int(g) for g in geometry)), dtype=np.float32)
+        if dtype == np.float32:
+            im2col_rows(x, 0, 0, 4, 2, geometry, cols, 0, buf)
+        else:
+            im2col_rows(x, 0, 0, 4, 2, geometry, cols, 0, buf.astype(dtype))
