@@ -10,7 +10,8 @@ PyTorch) already installed; the script installs nothing::
 Phases, each timed and recorded whatever happens in the others:
 
 1. ``conformance``: the conformance kit on ``CudaBackend`` (every dtype it claims);
-2. ``tests``: ``pytest`` on the CUDA test files, when ``tests/`` is beside the script;
+2. ``tests``: ``pytest`` on the CUDA tests (the backend on the device, its kernels compiled
+   by the device's own NVRTC, the DLPack tests), when ``tests/`` is beside the script;
 3. ``dlpack``: zero-copy round trips with CuPy and PyTorch (checked by writing through
    one side and reading through the other);
 4. ``bench``: the benchmark harness (:mod:`computehal.bench`) on the CUDA profile: d/s/h
@@ -44,8 +45,10 @@ from typing import Any, TextIO
 
 import numpy as np
 
-#: The CUDA-specific test files run by the ``tests`` phase.
-CUDA_TESTS = ("tests/test_cuda.py", "tests/test_kernels_cuda_compile.py")
+#: The test files run by the ``tests`` phase: the CUDA backend's own tests (which also compile
+#: every unit it builds with this machine's NVRTC) and the DLPack tests (CUDA cases included).
+#: The OpenCL-configuration compile check (tests/test_kernels_cuda_compile.py) runs in CI.
+CUDA_TESTS = ("tests/test_cuda.py", "tests/test_dlpack.py")
 
 
 class Tee:

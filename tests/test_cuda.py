@@ -604,7 +604,10 @@ _PTX_TYPES: dict[type, set[str]] = {
 def test_every_launch_matches_its_ptx(emu: Any, compiled: _Compiled) -> None:
     """Runs after the emulated tests: every launch they made names an entry of its unit's PTX
     (NVRTC, compute_80) with exactly the parameter count and compatible types."""
-    assert emu.launches, "no emulated launches were recorded (run the whole file)"
+    if not emu.launches:  # run on its own: make the launches to check
+        from computehal.testing import run_conformance
+
+        run_conformance(emu)
     seen: dict[tuple[str, str, tuple[type, ...]], Launch] = {}
     for launch in emu.launches:
         seen.setdefault((launch.unit.module, launch.function, tuple(type(a) for a in launch.args)), launch)
