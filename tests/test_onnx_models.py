@@ -138,3 +138,10 @@ def test_gpt_decoder_step_with_cache_matches_onnxruntime(backend_name: str) -> N
 def _cache_shapes(model: Any, batch: int, past: int) -> dict[str, tuple[int, ...]]:
     feeds = gpt_inputs(model, batch, past)
     return {k: v.shape for k, v in feeds.items() if k != "input_ids"}
+
+
+def test_random_weights_keep_the_model_interface() -> None:
+    model = with_random_weights(light_model("squeezenet"), seed=3)
+    session = _session(model, "cpu")
+    assert [i.name for i in session.get_inputs()] == ["data_0"]
+    assert not any(node.op_type == "ConstantOfShape" for node in model.graph.node)

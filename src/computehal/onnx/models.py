@@ -105,10 +105,7 @@ def with_random_weights(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProt
             kept.append(node)
     del graph.node[:]
     graph.node.extend(kept)
-    used = {name for node in kept for name in node.input}
-    still = [t for t in graph.initializer if t.name in used]
-    del graph.initializer[:]
-    graph.initializer.extend(still + replaced)
+    graph.initializer.extend(replaced)  # the shape tensors stay: old models also list them as inputs
     return out
 
 
