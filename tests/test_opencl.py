@@ -883,3 +883,20 @@ def test_reduce_with_op_none_is_an_invalid_argument(be: Any) -> None:
                 be.reduce(None, base, base, shape, 0)
     finally:
         be.free(base)
+
+
+def test_allocations_beyond_the_device_memory_fail_up_front(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What this backend holds counts against the device's memory: the request that would
+    exceed it raises OutOfMemoryError at alloc, not later when a kernel touches it."""
+    _require_device()
+    with OpenCLBackend() as backend:
+        monkeypatch.setattr(backend, "_total", 3 << 20)
+        first = backend.alloc(2 << 20)
+        with pytest.raises(OutOfMemoryError):
+            backend.alloc(2 << 20)
+        second = backend.alloc(1 << 20)  # what is left still fits
+        backend.free(first)
+        third = backend.alloc(2 << 20)  # freed memory counts again
+        for ptr in (second, third):
+            backend.free(ptr)
+        assert backend._in_use == 0

@@ -10,6 +10,28 @@
 #define NORM_SCALE 2
 #define NORM_BIAS 4
 
+/* This work-item's sum of (src[i] - mean)^2 over its share [lo, hi) (step 1: 16 lanes). */
+DEVICE REAL chal_squares(GLOBAL const REAL* src, i64 lo, i64 hi, i64 step, REAL mean) {
+    REAL total = (REAL)0;
+    i64 i = lo;
+    if (step == 1) {
+        REAL lanes[16];
+        for (int l = 0; l < 16; ++l) lanes[l] = (REAL)0;
+        for (; i + 16 <= hi; i += 16) {
+            for (int l = 0; l < 16; ++l) {
+                REAL d = src[i + l] - mean;
+                lanes[l] += d * d;
+            }
+        }
+        for (int l = 0; l < 16; ++l) total += lanes[l];
+    }
+    for (; i < hi; i += step) {
+        REAL d = src[i] - mean;
+        total += d * d;
+    }
+    return total;
+}
+
 /* y = (x - mean) / sqrt(var + eps) * scale + bias over each row of `cols` (var biased; with
  * NORM_RMS: mean = 0 and var = mean(x^2)); scale / bias (cols elements) only where flagged. */
 KERNEL void norm_rows(GLOBAL const REAL* x, i64 xo, GLOBAL REAL* y, i64 yo, i64 cols, REAL eps,
@@ -24,12 +46,7 @@ KERNEL void norm_rows(GLOBAL const REAL* x, i64 xo, GLOBAL REAL* y, i64 yo, i64 
     if (!(flags & NORM_RMS)) {
         mean = chal_group_reduce(part, REDUCE_SUM, chal_group_fold(src, 0, cols, REDUCE_SUM)) / (REAL)cols;
     }
-    REAL squares = (REAL)0;
-    for (i64 i = lo; i < hi; i += step) {
-        REAL d = src[i] - mean;
-        squares += d * d;
-    }
-    squares = chal_group_reduce(part, REDUCE_SUM, squares);
+    REAL squares = chal_group_reduce(part, REDUCE_SUM, chal_squares(src, lo, hi, step, mean));
     REAL den = sqrt(squares / (REAL)cols + eps);
     for (i64 i = lo; i < hi; i += step) {
         REAL v = (src[i] - mean) / den;

@@ -19,7 +19,7 @@ import numpy as np
 import pyopencl as cl
 
 from ...backend import ALL_OPS
-from ...errors import BackendError, DeviceError, InvalidArgumentError
+from ...errors import BackendError, DeviceError, InvalidArgumentError, OutOfMemoryError
 from ...memory import AddressSpace, Allocation, Region
 from ...types import Capabilities, DeviceInfo
 from .._base import TableBackend, guarded
@@ -94,6 +94,8 @@ class OpenCLCore(TableBackend):
         self._caps: Capabilities | None = None
         self.vector_attention = False
         self._max_alloc = 1 << 62
+        self._total = 1 << 62
+        self._in_use = 0
         self._max_wg = 1
         self._local_mem = 0
         self._compute_units = 1
@@ -186,6 +188,8 @@ class OpenCLCore(TableBackend):
         self._caps = self._with_dtypes(capabilities_of(dev))
         self._compute_units = max(1, int(dev.max_compute_units))
         self._max_alloc = int(dev.max_mem_alloc_size)
+        self._total = int(dev.global_mem_size)
+        self._in_use = 0
         self._max_wg = int(dev.max_work_group_size)
         self._local_mem = int(dev.local_mem_size)
         self._max_item_sizes = list(device_attr(dev, "max_work_item_sizes") or [self._max_wg] * 3)
@@ -198,8 +202,10 @@ class OpenCLCore(TableBackend):
         #: The CPU profile runs attention with the single-work-item vector kernel; the GPU one
         #: with the work-group kernel (both are exercised by the tests on PoCL).
         self.vector_attention = cpu
-        self._reduce_ls = self._pow2_group(_REDUCE_LS)
-        self._reduce_ls_wide = self._pow2_group(_REDUCE_LS_WIDE if not cpu else _REDUCE_LS)
+        #: Work-group size of the row folds. On the CPU profile a work-group runs on one core, so a
+        #: row per work-item (folding 16 lanes) is fastest: more work-items only add barriers.
+        self._reduce_ls = 1 if cpu else self._pow2_group(_REDUCE_LS)
+        self._reduce_ls_wide = 1 if cpu else self._pow2_group(_REDUCE_LS_WIDE)
         self._configure()
 
     def _configure(self) -> None:
@@ -227,14 +233,19 @@ class OpenCLCore(TableBackend):
     # ------------------------------------------------------------------ memory
 
     def _memory_limit(self) -> int | None:
-        return self._max_alloc
+        """The largest allocation possible now: one buffer's limit, and the device's memory less
+        what this backend holds (so a request beyond the memory fails up front, not when used)."""
+        return max(0, min(self._max_alloc, self._total - self._in_use))
 
     def _new_buffer(self, nbytes: int) -> Any:
         return new_buffer(self._context, nbytes, self._max_alloc)
 
     def _allocate(self, nbytes: int) -> tuple[int, Any]:
         with self._lock:
+            if nbytes > self._total - self._in_use:
+                raise OutOfMemoryError(nbytes, max(0, self._total - self._in_use))
             buffer = self._new_buffer(nbytes)
+            self._in_use += nbytes
         return self._addresses.reserve(nbytes), buffer
 
     def _release(self, allocation: Allocation) -> None:
@@ -242,6 +253,8 @@ class OpenCLCore(TableBackend):
         buffer = allocation.payload
         allocation.payload = None
         if buffer is not None:
+            with self._lock:
+                self._in_use -= allocation.size
             with check("releasing a buffer"):
                 buffer.release()
 
