@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -152,33 +153,30 @@ class FreesOnIndex:
         return self.value
 
 
-@pytest.mark.parametrize("which", ["c_ptr", "ldc"])
-@pytest.mark.parametrize("on_call", [1, 2])
-def test_argument_whose_index_frees_an_earlier_operand_of_gemm(
-    backend: ComputeBackend, which: str, on_call: int
-) -> None:
+def test_pointer_whose_index_frees_an_earlier_operand_of_gemm(backend: ComputeBackend) -> None:
     """Each argument's ``__index__`` runs once, before any pointer is resolved.
 
-    An object that frees A on its first call makes A a freed pointer (refused); one that
-    would free A on a second call never gets one, so the call computes on live memory.
+    ``c_ptr`` frees A from its ``__index__``. Freeing on its first call makes A a freed
+    pointer, refused; an object that would free A on a second call (after A has been
+    resolved, where pointers were converted twice) never gets one, and the call computes
+    on live memory.
     """
     n = 64
     a, b, c = (_table(s, n, n) for s in (5, 6, 7))
     with Workspace(backend) as ws:
         pa, pb, pc = ws.put(a, label="A"), ws.put(b, label="B"), ws.put(c, label="C")
-        evil = FreesOnIndex(pc if which == "c_ptr" else n, lambda: ws.release(pa), on_call)
-        args: list[Any] = ["N", "N", n, n, n, 1.0, pa, n, pb, n, 0.0, pc, n]
-        args[11 if which == "c_ptr" else 12] = evil
-        if on_call == 1:
-            with pytest.raises(InvalidArgumentError):
-                backend.gemm(*args, dtype="float32")
-            ws.check_unchanged()
-        else:
-            backend.gemm(*args, dtype="float32")
-            got = ws.get(pc, (n, n))  # column-major C = A @ B, i.e. row-major C^T = B^T A^T
-            np.testing.assert_allclose(got, b.astype(np.float64) @ a, rtol=1e-4, atol=1e-4)
-            ws.check_unchanged(("A", "B"))
-        assert evil.calls == 1, f"__index__ ran {evil.calls} times"
+        late = FreesOnIndex(pc, lambda: ws.release(pa), on_call=2)
+        backend.gemm("N", "N", n, n, n, 1.0, pa, n, pb, n, 0.0, late, n, dtype="float32")
+        assert late.calls == 1, f"__index__ ran {late.calls} times"
+        got = ws.get(pc, (n, n))  # column-major C = A @ B, i.e. row-major C^T = B^T A^T
+        np.testing.assert_allclose(got, b.astype(np.float64) @ a, rtol=1e-4, atol=1e-4)
+        ws.check_unchanged(("A", "B"))
+        ws.refresh()
+        early = FreesOnIndex(pc, lambda: ws.release(pa), on_call=1)
+        with pytest.raises(InvalidArgumentError):
+            backend.gemm("N", "N", n, n, n, 1.0, pa, n, pb, n, 0.0, early, n, dtype="float32")
+        assert early.calls == 1, f"__index__ ran {early.calls} times"
+        ws.check_unchanged()
 
 
 def test_pointer_whose_index_frees_the_input_of_unary(backend: ComputeBackend) -> None:
@@ -196,11 +194,17 @@ def _long_call(backend: ComputeBackend, op: str, ws: Workspace) -> tuple[Callabl
     """An operation that runs for a while on every backend, and its operands by name."""
     slow = backend.name() in SOFTWARE_GPU_NAMES
     if op == "gemm":
-        n = 128 if slow else 1024
-        ptrs = {name: ws.put(_table(s, n, n), label=name) for s, name in enumerate(("A", "B", "C"))}
+        # A thin product into a large C (36 MB: beyond malloc's largest heap threshold, so
+        # a host backend that released it would unmap it under the running call).
+        n, k = (256, 4) if slow else (3000, 4)
+        ptrs = {
+            "A": ws.put(_table(1, n, k), label="A"),
+            "B": ws.put(_table(2, k, n), label="B"),
+            "C": ws.put(np.zeros((n, n), F32), label="C"),
+        }
         return (
             lambda: backend.gemm(
-                "N", "N", n, n, n, 1.0, ptrs["A"], n, ptrs["B"], n, 0.0, ptrs["C"], n, dtype="float32"
+                "N", "N", n, n, k, 1.0, ptrs["A"], n, ptrs["B"], k, 0.0, ptrs["C"], n, dtype="float32"
             ),
             ptrs,
         )
@@ -235,7 +239,7 @@ def test_free_while_an_operation_runs(backend: ComputeBackend, op: str) -> None:
     The call finishes (its operands are pinned) or refuses the freed pointer; the
     new allocation made after the free is never written by the old call.
     """
-    for delay in (0.002, 0.02):
+    for delay in (0.0, 0.003, 0.01):
         with Workspace(backend) as ws:
             call, ptrs = _long_call(backend, op, ws)
             victim = ptrs["C"] if op == "gemm" else ptrs["o"] if op == "attention" else ptrs["output"]
@@ -261,14 +265,11 @@ def test_free_while_an_operation_runs(backend: ComputeBackend, op: str) -> None:
             freer = threading.Thread(target=free_and_reuse, daemon=True)
             freer.start()
 
-            def run(call: Callable[[], None] = call, started: threading.Event = started) -> None:
-                started.set()
-                try:
-                    call()
-                except InvalidArgumentError:
-                    pass  # the free came first: the pointer is refused
-
-            _run_bounded(run, 120, f"{op} with a concurrent free")
+            started.set()
+            try:
+                call()  # in this thread, as a user would; the freeing thread is bounded
+            except InvalidArgumentError:
+                pass  # the free came first: the pointer is refused
             freer.join(30)
             assert not freer.is_alive() and fresh
             backend.synchronize()
@@ -355,7 +356,9 @@ def test_close_with_frequent_garbage_collection(
     """Array finalisers that the collector runs inside close() must not deadlock it.
 
     The arrays sit in reference cycles made while the collector is off, so only a
-    collection frees them; with a threshold of 1 one runs at close()'s first allocation.
+    collection frees them. With a threshold of 1 the collector runs at almost any
+    allocation; to make "inside the table's drain" certain rather than likely, a trace
+    hook collects at the first call made from ``drain`` (while it holds the table).
     """
     import computehal.array as ca
 
@@ -367,8 +370,22 @@ def test_close_with_frequent_garbage_collection(
             cycle: list[Any] = [ca.asarray(np.full(64, i, dtype=F32), be)]
             cycle.append(cycle)  # only the collector frees these
         del cycle
-        gc.enable()
-        _run_bounded(be.close, 60, "close() with gc.set_threshold(1)")
+        collected: list[int] = []
+
+        def collect_inside_drain(frame: Any, event: str, arg: Any) -> None:
+            if event == "call" and not collected and frame.f_back is not None:
+                if frame.f_back.f_code.co_name == "drain":
+                    collected.append(gc.collect())
+
+        def close() -> None:
+            sys.settrace(collect_inside_drain)
+            try:
+                be.close()
+            finally:
+                sys.settrace(None)
+
+        _run_bounded(close, 30, "close() with the collector running inside it")
+        assert collected and collected[0] > 0, "the collector did not run inside close()"
     finally:
         gc.enable()
     assert not be.is_initialized()
