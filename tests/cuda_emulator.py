@@ -60,15 +60,20 @@ _PROPS = {
 HOST_SHIM = r"""
 #include <string.h>
 #include <math.h>
+#define __CUDACC__ 1
 #define __device__
 #define __forceinline__ inline
 #define __global__
+#define __shared__ static
 #define __restrict__
+#define __syncthreads()
 static inline unsigned int __float_as_uint(float f) { unsigned int u; memcpy(&u, &f, 4); return u; }
 static inline float __uint_as_float(unsigned int u) { float f; memcpy(&f, &u, 4); return f; }
 static inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f; }
-struct chal_dim { unsigned int x, y, z; };
-static chal_dim gridDim = {1, 1, 1}, blockDim = {1, 1, 1}, blockIdx = {0, 0, 0}, threadIdx = {0, 0, 0};
+struct uint3 { unsigned int x, y, z; };
+struct dim3 { unsigned int x, y, z; };
+static dim3 gridDim = {1, 1, 1}, blockDim = {1, 1, 1};
+static uint3 blockIdx = {0, 0, 0}, threadIdx = {0, 0, 0};
 """
 
 
@@ -276,16 +281,13 @@ class EmulatedDevice:
             return bits.view(np.float32).astype(np.float64)
         return self._matrix(address, *rc, ld, kind).astype(np.float64)
 
-    def gemm(self, dtype: Any, ta: bool, tb: bool, shape: tuple[int, int, int], alpha: float,
+    def gemm(self, kind: str, ta: bool, tb: bool, shape: tuple[int, int, int], alpha: float,
              a: tuple[int, int], b: tuple[int, int], beta: float, c: tuple[int, int],
              batch: Batch | None = None) -> None:  # fmt: skip
-        kind = np.dtype(dtype)
-        self._product((kind, kind), ta, tb, shape, alpha, a, b, beta, c, batch)
-
-    def gemm_ex(self, narrow: str, ta: bool, tb: bool, shape: tuple[int, int, int], alpha: float,
-                a: tuple[int, int], b: tuple[int, int], beta: float, c: tuple[int, int],
-                batch: Batch | None = None) -> None:  # fmt: skip
-        self._product((narrow, np.float32), ta, tb, shape, alpha, a, b, beta, c, batch)
+        """cuBLAS's GEMMs: ``kind`` float32 / float64, or 16-bit A and B with a float32 C (gemmEx)."""
+        c_kind = np.float64 if kind == "float64" else np.float32
+        ab_kind: Any = kind if kind in ("float16", "bfloat16") else np.dtype(c_kind)
+        self._product((ab_kind, c_kind), ta, tb, shape, alpha, a, b, beta, c, batch)
 
 
 class _Block:

@@ -386,6 +386,73 @@ def _entries(ptx: str) -> dict[str, list[str]]:
     return found
 
 
+# --------------------------------------------------------------------------- CUDA-only kernels on the host
+
+
+@pytest.fixture(scope="module")
+def host_narrow(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The exact ``cuda_narrow.cu`` unit compiled for the host (one thread walks the grid-stride loops)."""
+    from cuda_emulator import host_narrow_library
+
+    library = host_narrow_library(tmp_path_factory.mktemp("narrow"))
+    if library is None:
+        pytest.skip("g++ is not installed")
+    return library
+
+
+def _float_patterns() -> np.ndarray[Any, Any]:
+    bits = np.arange(0, 2**32, 65521, dtype=np.uint64).astype(np.uint32)
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 65504, 65519.99, 65520, 65536, 6.1e-5, 6.0e-8,
+                         2.98e-8, 2.9802322e-8, 5.9604645e-8, 1e-45, 3.4e38, 1.0009766, 1.0004883],
+                        dtype=np.float32)  # fmt: skip
+    return np.concatenate([bits.view(np.float32), specials, -specials])
+
+
+@pytest.mark.parametrize("fmt", ["f16", "bf16"])
+def test_host_narrowing_matches_ml_dtypes(host_narrow: Any, fmt: str) -> None:
+    import ml_dtypes
+
+    x = _float_patterns()
+    narrow = np.float16 if fmt == "f16" else ml_dtypes.bfloat16
+    with np.errstate(all="ignore"):
+        expected = x.astype(narrow)
+    bits = np.empty(x.size, dtype=np.uint16)
+    host_narrow.narrow_matrix(x.ctypes.data, x.size, x.size, 1, bits.ctypes.data, 1 if fmt == "f16" else 2)
+    ref = expected.astype(np.float32)
+    nan = np.isnan(ref)
+    assert np.array_equal(np.isnan(bits.view(narrow).astype(np.float32)), nan)
+    assert np.array_equal(bits[~nan], expected.view(np.uint16)[~nan])
+    widened = np.empty(x.size, dtype=np.float32)
+    host_narrow.narrow_matrix(x.ctypes.data, x.size, x.size, 1, widened.ctypes.data, 3 if fmt == "f16" else 4)
+    assert np.array_equal(widened.view(np.uint32)[~nan], ref.view(np.uint32)[~nan])
+    assert np.isnan(widened[nan]).all()
+
+
+def test_host_narrowing_honours_leading_dimension(host_narrow: Any) -> None:
+    rows, cols, ld = 5, 3, 8
+    store = np.random.default_rng(1).standard_normal(ld * cols).astype(np.float32)
+    out = np.empty(rows * cols, dtype=np.float32)
+    host_narrow.narrow_matrix(store.ctypes.data, ld, rows, cols, out.ctypes.data, 3)
+    expected = store.reshape(cols, ld)[:, :rows].astype(np.float16).astype(np.float32).reshape(-1)
+    assert np.array_equal(out, expected)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_host_scale_c_is_blas_quick_return(host_narrow: Any, dtype: Any) -> None:
+    m, n, ld, batches, stride = 3, 2, 5, 2, 12
+    c = np.full(stride * batches, 7.0, dtype=dtype)
+    c[0] = np.nan
+    fn = host_narrow.scale_c_f32 if dtype == np.float32 else host_narrow.scale_c_f64
+    fn(c.ctypes.data, ld, stride, m, n, batches, 0.0)
+    expected = np.full(stride * batches, 7.0, dtype=dtype)
+    for b in range(batches):
+        for j in range(n):
+            expected[b * stride + j * ld : b * stride + j * ld + m] = 0.0  # NaN does not survive beta == 0
+    assert np.array_equal(c, expected)
+    fn(c.ctypes.data, ld, stride, m, n, batches, 2.5)
+    assert np.array_equal(c, np.where(expected == 7.0, 7.0, 0.0).astype(dtype))
+
+
 # --------------------------------------------------------------------------- the emulated device
 
 try:

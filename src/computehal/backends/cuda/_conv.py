@@ -76,7 +76,7 @@ class ConvOps(CudaCore):
         beta: float, c: tuple[int, int], batch: Batch | None = None,
     ) -> None:  # fmt: skip
         """cuBLAS GEMM of the convolution's dtype with alpha = 1 and A not transposed."""
-        self._dev.gemm(p.dtype, False, tb, shape, 1.0, a, b, beta, c, batch)
+        self._session.gemm(p.dtype.name, False, tb, shape, 1.0, a, b, beta, c, batch)
 
     def _panel_gemm(
         self, p: v.ConvProblem, mr: int, rows: int, nk: tuple[int, int], ap: int, b: tuple[int, int],

@@ -127,7 +127,7 @@ class CudaCore(TableBackend):
     def __init__(self, device: int = 0) -> None:
         super().__init__(device)
         self._info: DeviceInfo | None = None
-        self._dev: Any = None
+        self._dev: CudaDevice | None = None
         self._quarantine = Quarantine()
 
     # ------------------------------------------------------------------ identity
@@ -160,7 +160,14 @@ class CudaCore(TableBackend):
 
     # ------------------------------------------------------------------ lifecycle
 
-    def _connect(self, info: DeviceInfo) -> Any:
+    @property
+    def _session(self) -> CudaDevice:
+        """The open device session (the lease of every operation keeps it open)."""
+        if self._dev is None:
+            raise DeviceError(f"the {self.name()} device is not open")
+        return self._dev
+
+    def _connect(self, info: DeviceInfo) -> CudaDevice:
         """An opened device session for ``info`` (a :class:`~._device.CudaDevice`)."""
         device = CudaDevice(self.device, info)
         device.open()
@@ -180,7 +187,7 @@ class CudaCore(TableBackend):
     @guarded
     def synchronize(self) -> None:
         self._memory()
-        self._dev.synchronize()
+        self._session.synchronize()
 
     # ------------------------------------------------------------------ memory hooks
 
@@ -190,11 +197,11 @@ class CudaCore(TableBackend):
 
     def _allocate(self, nbytes: int) -> tuple[int, Any]:
         try:
-            base, memory = self._dev.allocate(nbytes)
+            base, memory = self._session.allocate(nbytes)
         except OutOfMemoryError:
             if not self._quarantine.flush():
                 raise
-            base, memory = self._dev.allocate(nbytes)
+            base, memory = self._session.allocate(nbytes)
         return int(base), memory
 
     def _release(self, allocation: Allocation) -> None:
@@ -208,22 +215,22 @@ class CudaCore(TableBackend):
         scratch.allocation.payload = None
 
     def _borrow_payload(self, address: int, nbytes: int, owner: object) -> Any:
-        if not self._dev.owns(address, nbytes):
+        if not self._session.owns(address, nbytes):
             raise UnsupportedError(
                 f"the {self.name()} backend borrows only memory of its own device {self.device}"
             )
         return owner
 
     def _write(self, region: Region, data: memoryview) -> None:
-        self._dev.write(region.ptr, np.frombuffer(data, dtype=np.uint8))
+        self._session.write(region.ptr, np.frombuffer(data, dtype=np.uint8))
 
     def _read(self, region: Region, out: memoryview) -> None:
-        self._dev.read(np.frombuffer(out, dtype=np.uint8), region.ptr)
+        self._session.read(np.frombuffer(out, dtype=np.uint8), region.ptr)
 
     def _read_words(self, ptr: int, count: int) -> np.ndarray[Any, np.dtype[np.int64]]:
         """``count`` int64 values at device address ``ptr`` (after every earlier operation)."""
         host = np.empty(count, dtype=np.int64)
-        self._dev.read(host.view(np.uint8), ptr)
+        self._session.read(host.view(np.uint8), ptr)
         return host
 
     # ------------------------------------------------------------------ kernels
@@ -233,7 +240,7 @@ class CudaCore(TableBackend):
     ) -> None:
         """Launch ``function`` of ``unit``; nothing when the grid is empty."""
         if all(g > 0 for g in grid):
-            self._dev.launch(unit, function, grid, block, args)
+            self._session.launch(unit, function, grid, block, args)
 
     def _cast_bits(self, kernel: str, src: int, dst: int, count: int) -> None:
         """Run conversion ``kernel`` (``cast_f16_f32``, ...) on ``count`` elements, ``src`` to ``dst``."""

@@ -258,7 +258,7 @@ class CudaDevice:
 
     def gemm(
         self,
-        dtype: np.dtype[Any],
+        kind: str,
         ta: bool,
         tb: bool,
         shape: tuple[int, int, int],
@@ -269,52 +269,42 @@ class CudaDevice:
         c: tuple[int, int],
         batch: Batch | None = None,
     ) -> None:
-        """cuBLAS ``s`` / ``d`` GEMM (strided batched when ``batch`` is given), column-major.
+        """A cuBLAS GEMM, column-major, strided batched when ``batch`` is given.
 
+        ``kind`` ``"float32"`` / ``"float64"``: ``s`` / ``d`` GEMM. ``"float16"`` /
+        ``"bfloat16"``: A and B of that type, C and the arithmetic float32 (``gemmEx``).
         ``shape`` is (m, n, k); ``a``, ``b``, ``c`` are (address, leading dimension).
         """
-        real = F64 if dtype == F64 else F32
+        real = F64 if kind == "float64" else F32
         scalars = np.array([alpha, beta], dtype=real)
-        prefix = "d" if real == F64 else "s"
+        beta_ptr = scalars.ctypes.data + real.itemsize
+        ops: list[tuple[int, ...]]
+        extra: tuple[int, ...] = ()
+        if kind in _DATA_TYPE and kind != "float32":  # 16-bit A and B: gemmEx
+            name, extra = "gemmEx", (_COMPUTE_32F, _GEMM_DEFAULT)
+            types = (_DATA_TYPE[kind], _DATA_TYPE[kind], _DATA_TYPE["float32"])
+            ops = [(x[0], t, x[1]) for x, t in zip((a, b, c), types, strict=True)]
+        else:
+            name = ("d" if real == F64 else "s") + "gemm"
+            ops = [a, b, c]
+        tail: tuple[int, ...] = ()
+        if batch is not None:
+            name = name.replace("gemm", "gemmStridedBatched")
+            ops = [(*op, stride) for op, stride in zip(ops, batch[:3], strict=True)]
+            tail = (batch.batches,)
         m, n, k = shape
-        head = (self._handle, _OP[ta], _OP[tb], m, n, k, scalars.ctypes.data)
-        two = scalars.ctypes.data + real.itemsize
-        with self.on_device(), self._lock, check(f"cuBLAS {prefix}gemm"):
-            if batch is None:
-                getattr(self._cublas, f"{prefix}gemm")(*head, a[0], a[1], b[0], b[1], two, c[0], c[1])
-            else:
-                getattr(self._cublas, f"{prefix}gemmStridedBatched")(
-                    *head, a[0], a[1], batch.stride_a, b[0], b[1], batch.stride_b,
-                    two, c[0], c[1], batch.stride_c, batch.batches,
-                )  # fmt: skip
-
-    def gemm_ex(
-        self,
-        narrow: str,
-        ta: bool,
-        tb: bool,
-        shape: tuple[int, int, int],
-        alpha: float,
-        a: tuple[int, int],
-        b: tuple[int, int],
-        beta: float,
-        c: tuple[int, int],
-        batch: Batch | None = None,
-    ) -> None:
-        """cuBLAS ``gemmEx``: A and B of 16-bit type ``narrow``, float32 C and compute."""
-        scalars = np.array([alpha, beta], dtype=F32)
-        kind, out = _DATA_TYPE[narrow], _DATA_TYPE["float32"]
-        m, n, k = shape
-        head = (self._handle, _OP[ta], _OP[tb], m, n, k, scalars.ctypes.data)
-        beta_ptr = scalars.ctypes.data + 4
-        with self.on_device(), self._lock, check("cuBLAS gemmEx"):
-            if batch is None:
-                self._cublas.gemmEx(
-                    *head, a[0], kind, a[1], b[0], kind, b[1], beta_ptr, c[0], out, c[1],
-                    _COMPUTE_32F, _GEMM_DEFAULT,
-                )  # fmt: skip
-            else:
-                self._cublas.gemmStridedBatchedEx(
-                    *head, a[0], kind, a[1], batch.stride_a, b[0], kind, b[1], batch.stride_b,
-                    beta_ptr, c[0], out, c[1], batch.stride_c, batch.batches, _COMPUTE_32F, _GEMM_DEFAULT,
-                )  # fmt: skip
+        args = (
+            self._handle,
+            _OP[ta],
+            _OP[tb],
+            m,
+            n,
+            k,
+            scalars.ctypes.data,
+            *ops[0],
+            *ops[1],
+            beta_ptr,
+            *ops[2],
+        )
+        with self.on_device(), self._lock, check(f"cuBLAS {name}"):
+            getattr(self._cublas, name)(*args, *tail, *extra)

@@ -48,8 +48,8 @@ class GemmOps(CudaCore):
         elif p.product_skipped:
             self._scale_c(p, p.c.ptr)
         else:
-            self._dev.gemm(
-                p.dtype, p.trans_a, p.trans_b, (p.m, p.n, p.k), p.alpha,
+            self._session.gemm(
+                p.dtype.name, p.trans_a, p.trans_b, (p.m, p.n, p.k), p.alpha,
                 (p.a.ptr, p.lda), (p.b.ptr, p.ldb), p.beta, (p.c.ptr, p.ldc),
             )  # fmt: skip
 
@@ -60,20 +60,19 @@ class GemmOps(CudaCore):
         elif g.product_skipped:
             self._scale_c(g, p.c.ptr, p.stride_c, p.batch_count)
         else:
-            self._batched(g, p, self._dev.gemm, g.dtype, (p.c.ptr, g.dtype.itemsize))
+            self._batched(g, p, (p.c.ptr, g.dtype.itemsize))
 
-    def _batched(
-        self, g: v.GemmProblem, p: v.BatchedGemmProblem, routine: Any, kind: Any, c_at: tuple[int, int]
-    ) -> None:
-        """``routine`` (a device GEMM) over the batches of ``p``, at most 2**31 - 1 per call.
+    def _batched(self, g: v.GemmProblem, p: v.BatchedGemmProblem, c_at: tuple[int, int]) -> None:
+        """cuBLAS over the batches of ``p`` (A and B of its dtype), at most 2**31 - 1 per call.
 
-        ``c_at`` is the address of batch 0's C and the byte size of its elements.
+        ``c_at`` is the address of batch 0's C and the byte size of its elements (4 when C
+        is the float32 copy of a 16-bit C).
         """
         size = g.dtype.itemsize
         c, c_size = c_at
         for first, stop in chunks(p.batch_count, 0, most=_MOST_BATCHES):
-            routine(
-                kind, g.trans_a, g.trans_b, (g.m, g.n, g.k), g.alpha,
+            self._session.gemm(
+                g.dtype.name, g.trans_a, g.trans_b, (g.m, g.n, g.k), g.alpha,
                 (p.a.ptr + first * p.stride_a * size, g.lda), (p.b.ptr + first * p.stride_b * size, g.ldb),
                 g.beta, (c + first * p.stride_c * c_size, g.ldc),
                 Batch(p.stride_a, p.stride_b, p.stride_c, stop - first),
@@ -92,12 +91,12 @@ class GemmOps(CudaCore):
                 stride_c, batches = (0, 1) if p is None else (p.stride_c, p.batch_count)
                 self._scale_c(replace(g, c=wide, dtype=F32), wide.ptr, stride_c, batches)
             elif p is None:
-                self._dev.gemm_ex(
+                self._session.gemm(
                     g.dtype.name, g.trans_a, g.trans_b, (g.m, g.n, g.k), g.alpha,
                     (g.a.ptr, g.lda), (g.b.ptr, g.ldb), g.beta, (wide.ptr, g.ldc),
                 )  # fmt: skip
             else:
-                self._batched(g, p, self._dev.gemm_ex, g.dtype.name, (wide.ptr, 4))
+                self._batched(g, p, (wide.ptr, 4))
             self._cast_bits(f"cast_f32_{short}", wide.ptr, c_region.ptr, count)
 
     def _exec_gemm_mixed_precision(self, p: v.GemmProblem) -> None:
@@ -118,11 +117,13 @@ class GemmOps(CudaCore):
             shape = (p.m, p.n, p.k)
             if native:
                 narrow = "float16" if fmt is MixedPrecision.F16 else "bfloat16"
-                self._dev.gemm_ex(
+                self._session.gemm(
                     narrow, p.trans_a, p.trans_b, shape, p.alpha, a, b, p.beta, (p.c.ptr, p.ldc)
                 )
             else:
-                self._dev.gemm(F32, p.trans_a, p.trans_b, shape, p.alpha, a, b, p.beta, (p.c.ptr, p.ldc))
+                self._session.gemm(
+                    "float32", p.trans_a, p.trans_b, shape, p.alpha, a, b, p.beta, (p.c.ptr, p.ldc)
+                )
 
     def _narrowed(self, held: list[Any], region: Any, rows: int, cols: int, ld: int, mode: int) -> Any:
         """A compact column-major copy of a stored float32 matrix, rounded per ``mode``."""

@@ -35,7 +35,7 @@ class MovementOps(CudaCore):
 
     def _exec_copy_dtod(self, p: v.CopyProblem) -> None:
         if p.src != p.dst:
-            self._dev.copy(p.dst.ptr, p.src.ptr, p.nbytes)
+            self._session.copy(p.dst.ptr, p.src.ptr, p.nbytes)
 
     def _fill_bits(self, ptr: int, count: int, pattern: np.generic) -> None:
         grid, block = linear(count)
@@ -68,7 +68,7 @@ class MovementOps(CudaCore):
         scratch = self._scratch_range(max(8, data.nbytes))
         held.append(scratch)
         if data.nbytes:
-            self._dev.write(scratch.ptr, data.view(np.uint8))
+            self._session.write(scratch.ptr, data.view(np.uint8))
         return scratch.ptr
 
     def _device_indices(self, held: list[Region], p: v.RowsProblem) -> str:
@@ -88,13 +88,19 @@ class MovementOps(CudaCore):
             raise InvalidArgumentError(f"index {high} is out of range for {p.rows} rows")
         return kind
 
+    def _no_columns(self, held: list[Region], p: v.RowsProblem) -> bool:
+        """True when rows have no columns: nothing to copy, but device indices are still checked."""
+        if p.cols:
+            return False
+        if p.indices is None:
+            self._device_indices(held, p)
+        return True
+
     def _exec_gather(self, p: v.RowsProblem) -> None:
         bits = p.dtype.itemsize * 8
         block = _row_block(p.cols)
         with self._scratches() as held:
-            if p.cols == 0:  # nothing to copy, but device indices are still checked
-                if p.indices is None:
-                    self._device_indices(held, p)
+            if self._no_columns(held, p):
                 return
             if p.indices is not None:
                 idx, kind = self._upload_indices(held, p.indices), "i64"
@@ -113,9 +119,7 @@ class MovementOps(CudaCore):
         bits = p.dtype.itemsize * 8
         block = _row_block(p.cols)
         with self._scratches() as held:
-            if p.cols == 0:  # nothing to copy, but device indices are still checked
-                if p.indices is None:
-                    self._device_indices(held, p)
+            if self._no_columns(held, p):
                 return
             if p.indices is None:
                 self._scatter_device(held, p)
