@@ -268,9 +268,9 @@ class EmulatedDevice:
             mat_a = self._operand(ab_kind, a[0] + i * batch.stride_a * size, (k, m) if ta else (m, k), a[1])
             mat_b = self._operand(ab_kind, b[0] + i * batch.stride_b * size, (n, k) if tb else (k, n), b[1])
             out = self._matrix(c[0] + i * batch.stride_c * c_size, m, n, c[1], c_kind)
-            product = (mat_a.T if ta else mat_a) @ (mat_b.T if tb else mat_b)
-            result = alpha * product if beta == 0 else alpha * product + beta * out.astype(np.float64)
-            with np.errstate(over="ignore", invalid="ignore"):
+            with np.errstate(over="ignore", invalid="ignore"):  # NaN and infinity as BLAS gives them
+                product = (mat_a.T if ta else mat_a) @ (mat_b.T if tb else mat_b)
+                result = alpha * product if beta == 0 else alpha * product + beta * out.astype(np.float64)
                 out[...] = result.astype(c_kind)
 
     def _operand(self, kind: Any, address: int, rc: tuple[int, int], ld: int) -> np.ndarray[Any, Any]:

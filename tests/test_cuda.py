@@ -43,8 +43,8 @@ from computehal.backends.cuda._core import split_outer
 ARCHES = ("80", "90")
 NO_DEVICE = cuda.unavailable_reason()
 needs_gpu = pytest.mark.skipif(NO_DEVICE is not None, reason=f"no CUDA device: {NO_DEVICE}")
-#: Head dimensions whose attention units the compile check builds (odd, small, common, large).
-HEAD_DIMS = (24, 128)
+#: Head dimensions whose attention units the compile check builds (buckets 32, 128 and the largest, 2048).
+HEAD_DIMS = (24, 128, 2048)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -101,6 +101,7 @@ def test_constructor_checks_the_ordinal() -> None:
     assert backend.device == 3
     assert backend.dlpack_device() in ((2, 3), (10, 3))  # kDLCUDA / kDLROCM, the ordinal
     assert backend.kind == backend.name() in ("cuda", "rocm")
+    assert backend.host_view(0, 16) is None  # device memory has no host view
 
 
 @pytest.mark.skipif(NO_DEVICE is None, reason="a CUDA device is present")
