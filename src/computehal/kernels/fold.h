@@ -15,6 +15,8 @@
 #ifndef CONTIG
 #define CONTIG 0
 #endif
+/* Elements summed in lanes before the lanes are folded into a running total. */
+#define CHAL_BLOCK 4096
 
 DEVICE REAL chal_identity(int op) {
     return op == REDUCE_MAX ? (REAL)(-INFINITY) : (op == REDUCE_MIN ? (REAL)INFINITY : (REAL)0);
@@ -48,9 +50,22 @@ DEVICE REAL chal_fold(GLOBAL const REAL* src, i64 start, i64 end, int kind) {
             }
         }
     } else {
-        for (; i + 16 <= end; i += 16) {
-            for (int l = 0; l < 16; ++l) lanes[l] += src[i + l];
+        /* Sums in blocks of CHAL_BLOCK: the lanes restart per block, so rounding errors grow
+         * with the block length plus the number of blocks, not with the row length. */
+        REAL total = (REAL)0;
+        while (i + 16 <= end) {
+            i64 stop = end - i > CHAL_BLOCK ? i + CHAL_BLOCK : end;
+            for (; i + 16 <= stop; i += 16) {
+                for (int l = 0; l < 16; ++l) lanes[l] += src[i + l];
+            }
+            REAL block = (REAL)0;
+            for (int l = 0; l < 16; ++l) {
+                block += lanes[l];
+                lanes[l] = (REAL)0;
+            }
+            total += block;
         }
+        lanes[0] = total;
     }
     REAL acc = init;
     for (; i < end; ++i) acc = chal_combine(kind, acc, src[i]);

@@ -15,15 +15,20 @@ DEVICE REAL chal_squares(GLOBAL const REAL* src, i64 lo, i64 hi, i64 step, REAL 
     REAL total = (REAL)0;
     i64 i = lo;
     if (step == 1) {
-        REAL lanes[16];
-        for (int l = 0; l < 16; ++l) lanes[l] = (REAL)0;
-        for (; i + 16 <= hi; i += 16) {
-            for (int l = 0; l < 16; ++l) {
-                REAL d = src[i + l] - mean;
-                lanes[l] += d * d;
+        while (i + 16 <= hi) { /* blocks of CHAL_BLOCK summed in 16 lanes (see fold.h) */
+            i64 stop = hi - i > CHAL_BLOCK ? i + CHAL_BLOCK : hi;
+            REAL lanes[16];
+            for (int l = 0; l < 16; ++l) lanes[l] = (REAL)0;
+            for (; i + 16 <= stop; i += 16) {
+                for (int l = 0; l < 16; ++l) {
+                    REAL d = src[i + l] - mean;
+                    lanes[l] += d * d;
+                }
             }
+            REAL block = (REAL)0;
+            for (int l = 0; l < 16; ++l) block += lanes[l];
+            total += block;
         }
-        for (int l = 0; l < 16; ++l) total += lanes[l];
     }
     for (; i < hi; i += step) {
         REAL d = src[i] - mean;

@@ -68,17 +68,24 @@ DEVICE REAL chal_exp_sum(GLOBAL const REAL* src, GLOBAL REAL* dst, i64 lo, i64 h
     i64 i = lo;
 #if CONTIG
     if (step == 1) {
-        for (; i + VW <= hi; i += VW) {
+        while (i + VW <= hi) { /* blocks of CHAL_BLOCK summed in VW lanes (see fold.h) */
+            i64 stop = hi - i > CHAL_BLOCK ? i + CHAL_BLOCK : hi;
             union {
                 VEC_T v;
                 REAL s[VW];
-            } t;
-            for (int l = 0; l < VW; ++l) t.s[l] = src[i + l];
-            t.v = VEXP(t.v - peak);
-            for (int l = 0; l < VW; ++l) total += t.s[l];
-            if (store) {
-                for (int l = 0; l < VW; ++l) dst[i + l] = t.s[l];
+            } lanes, t;
+            lanes.v = VZERO;
+            for (; i + VW <= stop; i += VW) {
+                for (int l = 0; l < VW; ++l) t.s[l] = src[i + l];
+                t.v = VEXP(t.v - peak);
+                lanes.v += t.v;
+                if (store) {
+                    for (int l = 0; l < VW; ++l) dst[i + l] = t.s[l];
+                }
             }
+            REAL block = (REAL)0;
+            for (int l = 0; l < VW; ++l) block += lanes.s[l];
+            total += block;
         }
     }
 #endif
