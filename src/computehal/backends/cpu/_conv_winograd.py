@@ -32,9 +32,9 @@ from ._runtime import kernels, parallel_pull, parallel_ranges, single_threaded_b
 
 __all__ = ["winograd_forward", "winograd_backward_data", "winograd_backward_filter", "thread_scratch"]
 
-#: Target tiles per fused work item: V and M of an item (36 x tiles x (C + K) floats)
-#: stay near the size of L2 for 64 channels; wider channels take at least MIN_TILES.
-ITEM_FLOATS = 1 << 18
+#: Target tiles per fused work item: V and M of an item (36 x tiles x (C + K) floats,
+#: about 4 MB for 64 channels: larger items measured faster than L2-sized ones).
+ITEM_FLOATS = 1 << 20
 MIN_TILES = 32
 MAX_TILES = 256
 #: Largest transformed filter (floats) of the fused schedule.
@@ -121,9 +121,21 @@ def _fused(x: FloatArray, u: FloatArray, bias: FloatArray | None, y: FloatArray,
 
     def body(i: int) -> bool:
         n0, n1, t0, t1 = items[i]
-        work = thread_scratch("winograd", kern.forward_scratch(n1 - n0, t1 - t0, tw, cin, kout))
-        ok: bool = kern.forward_item(x, y, u, b, bias is not None, n0, n1, t0, t1, pt, pl, work)
-        return ok
+        rows = t1 - t0
+        tiles = (n1 - n0) * rows * tw
+        v = thread_scratch("winograd-iv", 36 * tiles * cin)[: 36 * tiles * cin]
+        m = thread_scratch("winograd-im", 36 * tiles * kout)[: 36 * tiles * kout]
+        size = max(kern.input_item_scratch(rows, tw, cin), kern.output_item_scratch(rows, tw, kout))
+        work = thread_scratch("winograd", size)
+        for image in range(n0, n1):
+            if kern.input_item(x, image, t0, t1, pt, pl, tw, v, tiles, (image - n0) * rows * tw, work):
+                return False
+        kern.position_gemms(u, v, m, 0, 36, tiles, cin, kout)
+        for image in range(n0, n1):
+            kern.output_item(
+                m, y, image, t0, t1, tw, tiles, (image - n0) * rows * tw, b, bias is not None, work
+            )
+        return True
 
     return _pull(len(items), body)
 
@@ -240,10 +252,19 @@ def _filter_fused(x: FloatArray, gy: FloatArray, pt: int, pl: int) -> FloatArray
             partials.append(acc)
         for i in indices:
             n0, n1, t0, t1 = items[i]
-            work = thread_scratch("winograd", kern.filter_grad_scratch(n1 - n0, t1 - t0, tw, cin, kout))
-            if not finite[0] or not kern.filter_grad_item(x, gy, acc, n0, n1, t0, t1, pt, pl, work):
-                finite[0] = False
-                return
+            rows = t1 - t0
+            tiles = (n1 - n0) * rows * tw
+            v = thread_scratch("winograd-iv", 36 * tiles * cin)[: 36 * tiles * cin]
+            mg = thread_scratch("winograd-im", 36 * tiles * kout)[: 36 * tiles * kout]
+            size = max(kern.input_item_scratch(rows, tw, cin), kern.output_item_scratch(rows, tw, kout))
+            work = thread_scratch("winograd", size)
+            for image in range(n0, n1):
+                first = (image - n0) * rows * tw
+                bad = kern.input_item(x, image, t0, t1, pt, pl, tw, v, tiles, first, work)
+                if bad or kern.grad_item(gy, image, t0, t1, tw, mg, tiles, first, work) or not finite[0]:
+                    finite[0] = False
+                    return
+            kern.position_filter_gemms(v, mg, acc, 0, 36, tiles, cin, kout, 1.0)
 
     with single_threaded_blas():
         parallel_pull(len(items), run)
@@ -276,7 +297,7 @@ def _filter_by_position(x: FloatArray, gy: FloatArray, pt: int, pl: int) -> Floa
     if not _pull(len(items), body):
         return None
     du = np.empty(36 * cin * kout, dtype=np.float32)
-    _positions(36, lambda xi0, xi1: kern.position_filter_gemms(v, mg, du, xi0, xi1, tiles, cin, kout))
+    _positions(36, lambda xi0, xi1: kern.position_filter_gemms(v, mg, du, xi0, xi1, tiles, cin, kout, 0.0))
     return du
 
 

@@ -28,13 +28,13 @@ definition under the conformance kit's tolerance). A non-finite value would spre
 every output of its tile (``inf - inf``), so every kernel reports whether all of its
 inputs were finite, and the caller takes an exact algorithm otherwise.
 
-Layout: the transforms are vectorised over channels. Each work item (a range of tile
-rows of one image, or several whole images) packs its input rows channels-last and
-zero-padded into scratch, transforms them into ``V`` ([36, tiles, C]), runs the 36 GEMMs
+Layout: the transforms are vectorised over channels (8 x 8 register transposes move
+rows between NCHW and channels-last). :func:`input_item` packs a range of tile rows of
+one image channels-last and zero-padded into scratch and transforms them into ``V``
+([36, tiles, C]); :func:`position_gemms` runs the GEMMs of a range of positions
 (:func:`._nb.sgemm`, single-threaded BLAS on the caller's worker thread) into ``M``
-([36, tiles, K]), transforms ``M`` back into a channels-last output block, and stores
-that block into the NCHW output. All scratch comes from one flat float32 array per
-thread (sizes from :func:`forward_scratch` / :func:`filter_grad_scratch`).
+([36, tiles, K]); :func:`output_item` transforms ``M`` back into a channels-last output
+block and stores it into the NCHW output. :mod:`._conv_winograd` schedules them.
 """
 
 # The function bodies are numba nopython code: numba types them, and numba's stubs
@@ -57,10 +57,6 @@ __all__ = [
     "position_filter_gemms",
     "filter_transform",
     "filter_untransform",
-    "forward_item",
-    "forward_scratch",
-    "filter_grad_item",
-    "filter_grad_scratch",
     "non_finite",
     "warm_up",
 ]
@@ -351,68 +347,6 @@ def _store(yo, ow_pad, kout, y, n, oh0, rows, bias, has_bias):
                     dst[w] += b
 
 
-def forward_scratch(images: int, rows_t: int, tw_count: int, cin: int, kout: int) -> int:
-    """Float32 elements of scratch one :func:`forward_item` call needs."""
-    tiles = images * rows_t * tw_count
-    width = 4 * tw_count + 2
-    return (
-        (4 * rows_t + 2) * width * cin  # packed input of one image
-        + 6 * width * cin  # one strip after B^T
-        + 36 * tiles * (cin + kout)  # V and M
-        + 24 * kout  # A^T m of one tile
-        + 16 * rows_t * tw_count * kout  # output block of one image
-    )
-
-
-@jit
-def forward_item(x, y, u, bias, has_bias, n0, n1, th0, th1, pt, pl, work):
-    """Output tile rows ``[th0, th1)`` of images ``[n0, n1)`` of a 3x3 stride-1 convolution.
-
-    ``x`` [N, C, H, W], ``y`` [N, K, OH, OW], ``u`` flat [36, C, K] (:func:`filter_transform`);
-    output pixel (oh, ow) reads input (oh - pt + r, ow - pl + s). ``work`` holds at least
-    :func:`forward_scratch` elements. Returns False (``y`` then unspecified) when an
-    input value was not finite.
-    """
-    cin, kout = x.shape[1], u.shape[0] // (36 * x.shape[1])
-    tw_count = (y.shape[3] + 3) // 4
-    rows_t = th1 - th0
-    tiles = (n1 - n0) * rows_t * tw_count
-    width = 4 * tw_count + 2
-    xp_size = (4 * rows_t + 2) * width * cin
-    tmp_off = xp_size
-    v_off = tmp_off + 6 * width * cin
-    m_off = v_off + 36 * tiles * cin
-    tt_off = m_off + 36 * tiles * kout
-    yo_off = tt_off + 24 * kout
-    xp = work[:tmp_off]
-    xp2 = xp.reshape((4 * rows_t + 2, width * cin))
-    tmp = work[tmp_off:v_off].reshape((6 * width, cin))
-    v = work[v_off:m_off]
-    v2 = v.reshape((36 * tiles, cin))
-    m = work[m_off:tt_off]
-    bad = 0
-    for n in range(n0, n1):
-        bad |= _to_channels_last(x, n, 4 * th0 - pt, -pl, 4 * rows_t + 2, width, xp.reshape((-1, cin)))
-        t0 = (n - n0) * rows_t * tw_count
-        _input_transform(xp2, rows_t, tw_count, cin, tmp, v2, t0, tiles)
-    if bad:
-        return False
-    for xi in range(36):
-        # Column-major: M[xi]^T (K x tiles) = U[xi]^T (K x C) @ V[xi]^T (C x tiles).
-        sgemm(
-            NO, NO, kout, tiles, cin, 1.0,
-            u, xi * cin * kout, kout, v, xi * tiles * cin, cin, 0.0, m, xi * tiles * kout, kout,
-        )  # fmt: skip
-    m2 = m.reshape((36 * tiles, kout))
-    tt = work[tt_off:yo_off].reshape((24, kout))
-    yo = work[yo_off : yo_off + 16 * rows_t * tw_count * kout].reshape((16 * rows_t * tw_count, kout))
-    for n in range(n0, n1):
-        t0 = (n - n0) * rows_t * tw_count
-        _output_transform(m2, t0, rows_t, tw_count, kout, tiles, tt, yo)
-        _store(yo, 4 * tw_count, kout, y, n, 4 * th0, 4 * rows_t, bias, has_bias)
-    return True
-
-
 @jit
 def _grad_transform(gp, rows_t, tw_count, kout, tmp, mg, t0, tiles):
     """``mg[xi, t, k] = (A dY A^T)[xi]`` for the 4x4 gradient tiles packed in ``gp``.
@@ -431,71 +365,10 @@ def _grad_transform(gp, rows_t, tw_count, kout, tmp, mg, t0, tiles):
                 _a_lines(tmp, a * 4, 1, mg, a * 6 * tiles + t, tiles, kout)
 
 
-def filter_grad_scratch(images: int, rows_t: int, tw_count: int, cin: int, kout: int) -> int:
-    """Float32 elements of scratch one :func:`filter_grad_item` call needs."""
-    tiles = images * rows_t * tw_count
-    width = 4 * tw_count + 2
-    return (
-        (4 * rows_t + 2) * width * cin
-        + 6 * width * cin
-        + 36 * tiles * (cin + kout)
-        + 16 * rows_t * tw_count * kout  # packed gradient rows of one image
-        + 24 * kout  # A y of one tile
-    )
-
-
-@jit
-def filter_grad_item(x, gy, du, n0, n1, th0, th1, pt, pl, work):
-    """Add the filter gradient of tile rows ``[th0, th1)`` of images ``[n0, n1)`` to ``du``.
-
-    ``x`` [N, C, H, W], ``gy`` [N, K, OH, OW], ``du`` flat [36, C, K] (accumulated in place;
-    :func:`filter_untransform` turns the total into the gradient). Returns False when
-    an input value was not finite.
-    """
-    cin, kout = x.shape[1], gy.shape[1]
-    tw_count = (gy.shape[3] + 3) // 4
-    rows_t = th1 - th0
-    tiles = (n1 - n0) * rows_t * tw_count
-    width = 4 * tw_count + 2
-    xp_size = (4 * rows_t + 2) * width * cin
-    tmp_off = xp_size
-    v_off = tmp_off + 6 * width * cin
-    m_off = v_off + 36 * tiles * cin
-    gp_off = m_off + 36 * tiles * kout
-    gsize = 16 * rows_t * tw_count * kout
-    xp = work[:tmp_off]
-    xp2 = xp.reshape((4 * rows_t + 2, width * cin))
-    tmp = work[tmp_off:v_off].reshape((6 * width, cin))
-    v = work[v_off:m_off]
-    v2 = v.reshape((36 * tiles, cin))
-    mg = work[m_off:gp_off]
-    mg2 = mg.reshape((36 * tiles, kout))
-    gp = work[gp_off : gp_off + gsize]
-    gp2 = gp.reshape((16 * rows_t * tw_count, kout))
-    tg = work[gp_off + gsize : gp_off + gsize + 24 * kout].reshape((24, kout))
-    bad = 0
-    for n in range(n0, n1):
-        t0 = (n - n0) * rows_t * tw_count
-        bad |= _to_channels_last(x, n, 4 * th0 - pt, -pl, 4 * rows_t + 2, width, xp.reshape((-1, cin)))
-        _input_transform(xp2, rows_t, tw_count, cin, tmp, v2, t0, tiles)
-        bad |= _to_channels_last(gy, n, 4 * th0, 0, 4 * rows_t, 4 * tw_count, gp2)
-        _grad_transform(gp2, rows_t, tw_count, kout, tg, mg2, t0, tiles)
-    if bad:
-        return False
-    for xi in range(36):
-        # Column-major: dU[xi]^T (K x C) += Mg[xi]^T (K x tiles) @ V[xi] (tiles x C).
-        sgemm(
-            NO, YES, kout, cin, tiles, 1.0,
-            mg, xi * tiles * kout, kout, v, xi * tiles * cin, cin, 1.0, du, xi * cin * kout, kout,
-        )  # fmt: skip
-    return True
-
-
-# --------------------------------------------------------------------------- by position
-# For large C * K the transformed filter (36 C K floats) does not fit in cache, and the
-# fused items above would each stream it again. Instead: every tile's V is computed
-# first (by image rows), then each position's GEMM runs once over all tiles, reading
-# its U[xi] once, then the outputs are transformed back (by image rows).
+# --------------------------------------------------------------------------- entry points
+# Each step of the pipeline is one call over a range of tile rows (or of positions):
+# the fused schedule runs the three on one work item in turn, the by-position schedule
+# runs each over all tiles before the next.
 
 
 @jit
@@ -586,27 +459,13 @@ def grad_item(gy, n, th0, th1, tw_count, mg, tiles, t0, work):
 
 
 @jit
-def position_filter_gemms(v, mg, du, xi0, xi1, tiles, cin, kout):
-    """``dU[xi] (C x K) = V[xi]^T (C x tiles) @ Mg[xi] (tiles x K)`` for positions ``[xi0, xi1)``."""
+def position_filter_gemms(v, mg, du, xi0, xi1, tiles, cin, kout, beta):
+    """``dU[xi] (C x K) = V[xi]^T (C x tiles) @ Mg[xi] (tiles x K) + beta dU[xi]`` for ``[xi0, xi1)``."""
     for xi in range(xi0, xi1):
         sgemm(
-            NO,
-            YES,
-            kout,
-            cin,
-            tiles,
-            1.0,
-            mg,
-            xi * tiles * kout,
-            kout,
-            v,
-            xi * tiles * cin,
-            cin,
-            0.0,
-            du,
-            xi * cin * kout,
-            kout,
-        )
+            NO, YES, kout, cin, tiles, 1.0,
+            mg, xi * tiles * kout, kout, v, xi * tiles * cin, cin, beta, du, xi * cin * kout, kout,
+        )  # fmt: skip
 
 
 def warm_up() -> None:
@@ -619,13 +478,11 @@ def warm_up() -> None:
     tmp = np.zeros(18, dtype=_F)
     filter_transform(f, u, 0, 1, tmp)
     filter_untransform(u, f, 0, 1, tmp)
-    work = np.zeros(max(forward_scratch(1, 1, 1, 1, 1), filter_grad_scratch(1, 1, 1, 1, 1)), dtype=_F)
-    forward_item(x, y, u, bias, False, 0, 1, 0, 1, 1, 1, work)
-    filter_grad_item(x, y, u, 0, 1, 0, 1, 1, 1, work)
+    work = np.zeros(input_item_scratch(1, 1, 1) + output_item_scratch(1, 1, 1), dtype=_F)
     non_finite(work[:4])
     v = np.zeros(36, dtype=_F)
     input_item(x, 0, 0, 1, 1, 1, 1, v, 1, 0, work)
     position_gemms(u, v, v, 0, 36, 1, 1, 1)
     output_item(v, y, 0, 0, 1, 1, 1, 0, bias, False, work)
     grad_item(y, 0, 0, 1, 1, v, 1, 0, work)
-    position_filter_gemms(v, v, u, 0, 36, 1, 1, 1)
+    position_filter_gemms(v, v, u, 0, 36, 1, 1, 1, 0.0)
