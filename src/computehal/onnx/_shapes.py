@@ -17,7 +17,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..errors import UnsupportedError
-from ._ir import Graph, Node, dtype_of_elem, is_float
+from ._ir import Graph, dtype_of_elem, is_float
 from ._simplify import fold_constants, prune
 
 __all__ = ["Specialized", "specialize"]
@@ -142,10 +142,3 @@ def _hint_missing(g: Graph, dtypes: dict[str, np.dtype[Any]], shapes: dict[str, 
             dtypes.setdefault(name, info.dtype)
             if name not in shapes and info.shape is not None and all(isinstance(d, int) for d in info.shape):
                 shapes[name] = tuple(int(d) for d in info.shape)  # type: ignore[arg-type]
-
-
-def unknown_shapes(spec: Specialized) -> list[Node]:
-    """Nodes with an output whose shape is still unknown."""
-    return [
-        node for node in spec.graph.nodes if any(name and name not in spec.shapes for name in node.outputs)
-    ]

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 
 from ._ir import is_float
 from ._lowering import MAX_DIMS, Lowerer, Unmappable, lowers
-from ._tensors import DeviceTensor, HostArg
+from ._tensors import DeviceTensor
 
 __all__ = ["emit_binary", "operand"]
 
@@ -192,13 +191,3 @@ def cast(lw: Lowerer) -> None:
             y,
             lw.host_arg(lambda v: np.asarray(v, dtype=target), 0, label=f"{source.name}->{target.name}"),
         )
-
-
-def is_host_arg(value: Any) -> bool:
-    """True for an argument computed at run time."""
-    return isinstance(value, HostArg)
-
-
-def numel(shape: tuple[int, ...]) -> int:
-    """Number of elements of ``shape``."""
-    return math.prod(shape)
