@@ -259,3 +259,22 @@ def test_a_call_refused_at_run_time_moves_its_node_to_the_cpu(cpu: Any) -> None:
     strict = InferenceSession(m, backend=limited, strict=True)
     with pytest.raises(UnsupportedError, match="Relu"):
         strict.run(None, {"x": x})
+
+
+def test_onnx_backend_interface() -> None:
+    from computehal.onnx import backend
+
+    assert backend.supports_device("CPU") and not backend.supports_device("TPU")
+    assert not backend.for_backend("cpu").supports_device("CUDA")
+    x = np.array([[-1.0, 2.0], [3.0, -4.0]], np.float32)
+    (y,) = backend.run_node(helper.make_node("Relu", ["x"], ["y"]), [x])
+    np.testing.assert_array_equal(y, np.maximum(x, 0))
+    (s,) = backend.run_node(helper.make_node("Softmax", ["x"], ["s"], axis=0), [x], opset_version=11)
+    e = np.exp(x.reshape(1, 4) - x.max())
+    np.testing.assert_allclose(s, (e / e.sum()).reshape(2, 2), rtol=1e-6)  # opset 11: flattened at axis 0
+    m, w1, w2 = mlp()
+    rep = backend.prepare(m, "CPU")
+    (out,) = rep.run([np.ones((4, 6), np.float32)])
+    np.testing.assert_allclose(out, np.maximum(np.ones((4, 6)) @ w1, 0) @ w2, rtol=1e-5)
+    (again,) = backend.run_model(m, {"x": np.ones((4, 6), np.float32)})
+    np.testing.assert_array_equal(again, out)
