@@ -34,7 +34,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from computehal import DeviceError, InvalidArgumentError, NotInitializedError, OutOfMemoryError
+from computehal import (
+    DeviceError,
+    InvalidArgumentError,
+    NotInitializedError,
+    OutOfMemoryError,
+    UnsupportedError,
+)
 from computehal.backends import cuda
 from computehal.backends.cuda import _programs
 from computehal.backends.cuda._attention import head_pieces
@@ -385,6 +391,97 @@ def _entries(ptx: str) -> dict[str, list[str]]:
     for name, params in re.findall(r"\.entry\s+(\w+)\s*\(([^)]*)\)", ptx):
         found[name] = re.findall(r"\.param\s+\.(\w+)", params)
     return found
+
+
+# --------------------------------------------------------------------------- the device session
+
+
+def _session() -> tuple[Any, Any]:
+    from computehal.backends.cuda._device import CudaDevice
+    from computehal.backends.cuda._driver import capabilities_from, device_info_from
+    from cuda_stand_in import StandIn
+
+    props = {"name": b"stand-in", "major": 9, "minor": 0, "totalGlobalMem": 1 << 30}
+    device = CudaDevice(0, device_info_from(props, 0, capabilities_from(props, hip=False, peer=False)))
+    stand_in = StandIn()
+    stand_in.attach(device)
+    return device, stand_in
+
+
+@pytest.mark.parametrize("kind", ["float32", "float64", "float16", "bfloat16"])
+@pytest.mark.parametrize("batched", [False, True])
+def test_session_passes_cublas_its_arguments_in_order(kind: str, batched: bool) -> None:
+    """Every cuBLAS entry the session calls gets C's argument list (checked by computing the product)."""
+    import ml_dtypes
+
+    from computehal.backends.cuda._device import Batch
+
+    device, stand_in = _session()
+    rng = np.random.default_rng(5)
+    m, n, k, lda, ldb, ldc, count = 4, 3, 5, 6, 7, 5, 2 if batched else 1
+    store = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}.get(kind, np.dtype(kind))
+    c_dtype = np.float64 if kind == "float64" else np.float32
+    a = rng.standard_normal((count, m, lda)).astype(store)  # A transposed: stored k x m, ld >= k
+    b = rng.standard_normal((count, n, ldb)).astype(store)  # B not: stored k x n, ld >= k
+    c = rng.standard_normal((count, n, ldc)).astype(c_dtype)
+    batch = Batch(a[0].size, b[0].size, c[0].size, count) if batched else None
+    before = c.astype(np.float64)
+    device.gemm(kind, True, False, (m, n, k), 1.5, (a.ctypes.data, lda), (b.ctypes.data, ldb), -0.5,
+                (c.ctypes.data, ldc), batch)  # fmt: skip
+    for i in range(count):
+        product = a[i, :, :k].astype(np.float64) @ b[i, :, :k].astype(np.float64).T
+        want = 1.5 * product - 0.5 * before[i, :, :m].T
+        np.testing.assert_allclose(c[i, :, :m].T, want, rtol=1e-5)
+    name = {"float32": "sgemm", "float64": "dgemm"}.get(kind, "gemmEx")
+    if batched:
+        name = name.replace("gemm", "gemmStridedBatched")
+    assert any(call[0] == name for call in stand_in.calls)
+
+
+def test_session_memory_kernels_and_close(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COMPUTEHAL_CUDA_CACHE", str(tmp_path))
+    device, stand_in = _session()
+    base, memory = device.allocate(100)
+    assert base % 64 == 0
+    host = np.arange(25, dtype=np.float32)
+    device.write(base, host.view(np.uint8))
+    other, _ = device.allocate(100)
+    device.copy(other, base, 100)
+    back = np.empty(25, dtype=np.float32)
+    device.read(back.view(np.uint8), other)
+    np.testing.assert_array_equal(back, host)
+    stand_in.fail_mallocs = 1  # the pool's cached blocks are returned, then the second try works
+    device.allocate(64)
+    assert ("free_all_blocks",) in stand_in.calls
+    stand_in.fail_mallocs = 2
+    with pytest.raises(OutOfMemoryError) as info:
+        device.allocate(64)
+    assert info.value.requested == 64 and info.value.available is not None
+    if NVRTC:  # kernels: compiled (through the disk cache), loaded once, arguments as CuPy takes them
+        unit = cuda.narrow_unit()
+        stand_in.reject_loads = 1  # a binary the driver rejects is compiled again
+        device.launch(unit, "scale_c_f32", (3,), (256,), (cuda.Ptr(base), np.int64(5), np.float32(2)))
+        device.launch(unit, "scale_c_f64", (70000,), (128, 1), (cuda.Ptr(base),))
+        assert [call for call in stand_in.calls if call[0] == "load"] == [
+            ("load", len(cuda.compile_cached(unit, "compute_80")))
+        ]
+        (name, grid, block, args, stream), second = stand_in.launches
+        assert (name, grid, block, stream) == (
+            "scale_c_f32",
+            (3, 1, 1),
+            (256, 1, 1),
+            "the legacy default stream",
+        )
+        assert [type(x) for x in args] == [np.uint64, np.int64, np.float32] and int(args[0]) == base
+        assert second[1] == (70000, 1, 1)
+        with pytest.raises(DeviceError, match="not a kernel"):
+            device.launch(unit, "no_such_kernel", (1,), (1,), ())
+        with pytest.raises(UnsupportedError, match="exceeds the CUDA limits"):
+            device.launch(unit, "scale_c_f32", (1, 70000), (1,), ())
+    device.close()
+    assert ("destroy", 7) in stand_in.calls and stand_in.calls[-1] == ("free_all_blocks",)
+    device.close()  # closing twice does nothing
+    del memory
 
 
 # --------------------------------------------------------------------------- CUDA-only kernels on the host

@@ -84,6 +84,7 @@ class CudaDevice:
         self._handle = 0
         self._arch = ""
         self._modules: dict[str, Any] = {}
+        self._functions: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
@@ -118,6 +119,7 @@ class CudaDevice:
                 if self._handle:
                     self._cublas.destroy(self._handle)
                 self._handle = 0
+                self._functions.clear()
                 self._modules.clear()
                 self._pool.free_all_blocks()
         finally:
@@ -178,14 +180,18 @@ class CudaDevice:
         return base + (-base) % ALIGNMENT, padded
 
     def owns(self, address: int, nbytes: int) -> bool:
-        """True when ``address`` is memory of this device that kernels can read and write."""
+        """True when ``address`` .. ``address + nbytes`` is memory of this device that kernels can
+        read and write (device or managed memory, first and last byte)."""
         with self.on_device():
-            try:
-                attrs = self._cupy.cuda.runtime.pointerGetAttributes(address)
-            except Exception:  # noqa: BLE001 - not a pointer the runtime knows
-                return False
-        memory_type = int(getattr(attrs, "type", 0))  # 2: device, 3: managed
-        return memory_type in (2, 3) and int(getattr(attrs, "device", -1)) == self.ordinal
+            for byte in {address, address + max(nbytes, 1) - 1}:
+                try:
+                    attrs = self._cupy.cuda.runtime.pointerGetAttributes(byte)
+                except Exception:  # noqa: BLE001 - not a pointer the runtime knows
+                    return False
+                memory_type = int(getattr(attrs, "type", 0))  # 2: device, 3: managed
+                if memory_type not in (2, 3) or int(getattr(attrs, "device", -1)) != self.ordinal:
+                    return False
+        return True
 
     def write(self, dst: int, host: np.ndarray[Any, Any]) -> None:
         """Copy the bytes of ``host`` to device address ``dst``."""
@@ -219,8 +225,8 @@ class CudaDevice:
             else:
                 module = self._load(unit)
             with check(f"loading the kernels of {unit.module}"):
-                for name in unit.functions:
-                    module.get_function(name)  # load every kernel now, not mid-operation
+                for name in unit.functions:  # every kernel now, not mid-operation
+                    self._functions[(unit.module, name)] = module.get_function(name)
         self._modules[unit.module] = module
         return module
 
@@ -248,8 +254,13 @@ class CudaDevice:
     ) -> None:
         """Launch ``function`` of ``unit`` over ``grid`` x ``block`` on the legacy default stream."""
         dims = check_grid(function, grid)
-        with self._lock:
-            kernel = self._module(unit).get_function(function)
+        kernel = self._functions.get((unit.module, function))
+        if kernel is None:
+            with self._lock:
+                self._module(unit)
+            kernel = self._functions.get((unit.module, function))
+            if kernel is None:
+                raise DeviceError(f"{function} is not a kernel of {unit.module}")
         block3 = (*block, 1, 1, 1)[:3]
         with self.on_device(), check(f"launching {function}"):
             kernel(dims, block3, kernel_args(args), stream=self._cupy.cuda.Stream.null)
