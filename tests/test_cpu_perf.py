@@ -340,10 +340,12 @@ def test_softmax_kernels_special_values_and_in_place(log: bool) -> None:
 # --------------------------------------------------------------------------- attention kernel
 
 
-def _attention64(q: Any, k: Any, v: Any, scale: float, causal: bool) -> Any:
+def _attention64(q: Any, k: Any, v: Any, scale: float, causal: bool, mask: Any = None) -> Any:
     """Direct definition in float64 for one head; rows that see no key are 0."""
     with np.errstate(all="ignore"):
         s = (q.astype(np.float64) @ k.astype(np.float64).T) * scale
+        if mask is not None:
+            s = s + mask.astype(np.float64)
         if causal:
             offset = k.shape[0] - q.shape[0]
             hidden = np.arange(k.shape[0])[None, :] > np.arange(q.shape[0])[:, None] + offset
@@ -356,6 +358,31 @@ def _attention64(q: Any, k: Any, v: Any, scale: float, causal: bool) -> Any:
     return out
 
 
+def _mask(kind: str, seq_q: int, seq_kv: int, rng: Any) -> Any:
+    """None, a key-padding row broadcast over queries (stride 0), or a full mask with a hidden row."""
+    if kind == "none":
+        return None
+    if kind == "keys":
+        row = rng.standard_normal(seq_kv).astype(F32)
+        row[seq_kv // 3] = -np.inf
+        return (row, 0, 0, 1)  # broadcast over the queries: row stride 0
+    if kind == "queries":
+        column = rng.standard_normal(seq_q).astype(F32)
+        return (column, 0, 1, 0)  # broadcast over the keys: column stride 0
+    full = rng.standard_normal((seq_q, seq_kv)).astype(F32)
+    full[seq_q // 2, :] = -np.inf  # a row that sees no key: 0
+    return (full.reshape(-1), 0, seq_kv, 1)
+
+
+def _dense(mask: Any, seq_q: int, seq_kv: int) -> Any:
+    if mask is None:
+        return None
+    flat, origin, mq, mk = mask
+    i, j = np.meshgrid(np.arange(seq_q), np.arange(seq_kv), indexing="ij")
+    return flat[origin + i * mq + j * mk]
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "keys", "queries", "full"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(
     "seq_q, seq_kv, dim, block_q, block_kv",
@@ -368,7 +395,7 @@ def _attention64(q: Any, k: Any, v: Any, scale: float, causal: bool) -> Any:
     ],
 )
 def test_attention_kernel_matches_definition(
-    seq_q: int, seq_kv: int, dim: int, block_q: int, block_kv: int, causal: bool
+    seq_q: int, seq_kv: int, dim: int, block_q: int, block_kv: int, causal: bool, mask_kind: str
 ) -> None:
     import computehal.backends.cpu._kattention as A
 
@@ -376,12 +403,15 @@ def test_attention_kernel_matches_definition(
     q, o = rng.standard_normal((seq_q, dim)).astype(F32), np.full((seq_q, dim), np.nan, dtype=F32)
     k, v = rng.standard_normal((seq_kv, dim)).astype(F32), rng.standard_normal((seq_kv, dim)).astype(F32)
     scale = 1 / math.sqrt(dim)
+    mask = _mask(mask_kind, seq_q, seq_kv, rng)
+    view = A.no_mask() if mask is None else mask
     work = np.empty(A.attention_scratch(block_q, block_kv, dim), dtype=F32)
     for i0 in range(0, seq_q, block_q):
+        i1 = min(seq_q, i0 + block_q)
         A.attention_rows(
-            q, k, v, o, i0, min(seq_q, i0 + block_q), scale, causal, seq_kv - seq_q, block_kv, work
+            q, k, v, o, i0, i1, scale, causal, seq_kv - seq_q, block_kv, work, view, mask is not None
         )
-    want = _attention64(q, k, v, scale, causal)
+    want = _attention64(q, k, v, scale, causal, _dense(mask, seq_q, seq_kv))
     # The kit's bound: scores off by their own rounding, the softmax and the sums by a few eps.
     tol = 8 * (seq_kv + dim + 8) * EPS32 * np.abs(v).max() + 1e-30
     assert np.all(np.abs(o - want) <= tol)
@@ -400,7 +430,7 @@ def test_attention_kernel_nan_and_infinite_scores() -> None:
     o = np.empty_like(q)
     work = np.empty(A.attention_scratch(16, 8, 8), dtype=F32)
     for i0 in range(0, 40, 16):
-        A.attention_rows(q, k, v, o, i0, min(40, i0 + 16), 0.5, True, 0, 8, work)
+        A.attention_rows(q, k, v, o, i0, min(40, i0 + 16), 0.5, True, 0, 8, work, A.no_mask(), False)
     want = _attention64(q, k, v, 0.5, True)
     assert np.array_equal(np.isnan(o), np.isnan(want))
     finite = ~np.isnan(want)

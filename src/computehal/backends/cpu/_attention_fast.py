@@ -3,8 +3,9 @@
 One task per (batch, head, block of query rows), pulled by the worker threads, each
 with single-threaded BLAS and its own scratch (kept between calls). Causal tasks are
 ordered longest first (later query blocks see more keys), so the last tasks pulled are
-the short ones. Calls with an additive mask, or whose values hold inf or NaN, are left
-to the general path of :mod:`._attention`.
+the short ones. An additive mask is read in place through its element strides (0
+along its broadcast dimensions). Calls whose values hold inf or NaN are left to the
+general path of :mod:`._attention`.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def _values_finite(values: Any) -> bool:
 
 def fast_attention(p: v.AttentionProblem, block_q: int, block_kv: int) -> bool:
     """Compute ``p`` with the compiled kernel; False where this path does not apply."""
-    if p.dtype != np.float32 or p.mask is not None or p.head_dim == 0:
+    if p.dtype != np.float32 or p.head_dim == 0:
         return False
     kern: Any = kernels("_kattention")
     if kern is None or kernels("_winograd") is None:
@@ -55,6 +56,9 @@ def fast_attention(p: v.AttentionProblem, block_q: int, block_kv: int) -> bool:
     o = view(p.o, (p.batch, p.heads, p.seq_q, p.head_dim), dt)
     if not _values_finite(val):
         return False
+    flat_mask = None if p.mask is None else CpuPlumbing._flat(p.mask, dt)
+    mb, mh, mq, mk = p.mask_strides
+    placeholder = kern.no_mask()
     block_q, block_kv = min(block_q, p.seq_q), max(1, min(block_kv, p.seq_kv))
     starts = range(0, p.seq_q, block_q)
     if p.causal:
@@ -69,9 +73,11 @@ def fast_attention(p: v.AttentionProblem, block_q: int, block_kv: int) -> bool:
             b, h, i0 = tasks[t]
             kv = h // p.group
             i1 = min(p.seq_q, i0 + block_q)
+            mask = placeholder if flat_mask is None else (flat_mask, b * mb + h * mh, mq, mk)
             kern.attention_rows(
-                q[b, h], k[b, kv], val[b, kv], o[b, h], i0, i1, scale, p.causal, offset, block_kv, work
-            )
+                q[b, h], k[b, kv], val[b, kv], o[b, h], i0, i1, scale, p.causal, offset, block_kv, work,
+                mask, flat_mask is not None,
+            )  # fmt: skip
 
     with single_threaded_blas():
         parallel_pull(len(tasks), run)

@@ -12,8 +12,10 @@ region (keys some rows see and others do not) is cut into groups of
 :data:`DIAGONAL_ROWS` rows, each multiplying only the keys its last row sees, so the
 GEMMs do little work that the mask then discards.
 
-NaN and infinity follow the definition ``softmax(Q K^T * scale) V``: a NaN or +inf
-score makes its row NaN; a -inf score gets weight 0. Values holding NaN or infinity are
+An additive mask (any broadcast of [batch, heads, seq_q, seq_kv]) is added to each
+score tile right after its GEMM. NaN and infinity follow the definition
+``softmax(Q K^T * scale + mask) V``: a NaN or +inf score makes its row NaN; a -inf
+score gets weight 0, and a row with no finite score is 0. Values holding NaN or infinity are
 left to the general path (``0 * NaN`` would reach rows whose weight for that key is 0).
 """
 
@@ -28,7 +30,7 @@ import numpy as np
 from ._ksoftmax import exp_fast_nan
 from ._nb import NO, YES, jit, jit_reassoc, order_key, sgemm, wide_vectors
 
-__all__ = ["attention_rows", "attention_scratch", "DIAGONAL_ROWS", "warm_up"]
+__all__ = ["attention_rows", "attention_scratch", "no_mask", "DIAGONAL_ROWS", "warm_up"]
 
 _F = np.float32
 _ZERO = _F(0.0)
@@ -95,8 +97,29 @@ def _softmax_rows(scores, nr, kb, diagonal, first_visible, peak, total, acc, hea
 
 
 @jit
-def _chunk(k, v, qs, u0, u1, j0, j1, diagonal, first_visible, scores, peak, total, acc):
-    """Keys ``[j0, j1)`` for block rows ``[u0, u1)``: scores, online softmax, ``acc += P V``."""
+def _add_mask(scores, nr, kb, mask, r0, j0):
+    """``scores[u, t] += M[r0 + u, j0 + t]``; ``mask`` is (flat, origin, row stride, column stride)."""
+    wide_vectors()
+    flat, origin, mq, mk = mask
+    for u in range(nr):
+        row = scores[u * kb : (u + 1) * kb]
+        base = origin + (r0 + u) * mq + j0 * mk
+        if mk == 0:
+            value = flat[base]
+            for t in range(kb):
+                row[t] += value
+        elif mk == 1:
+            extra = flat[base : base + kb]
+            for t in range(kb):
+                row[t] += extra[t]
+        else:
+            for t in range(kb):
+                row[t] += flat[base + t * mk]
+
+
+@jit
+def _chunk(k, v, qs, u0, u1, j0, j1, diagonal, first_visible, scores, peak, total, acc, mask, has_mask, i0):
+    """Keys ``[j0, j1)`` for block rows ``[u0, u1)``: scores (+ mask), online softmax, ``acc += P V``."""
     head_dim = k.shape[1]
     nr, kb = u1 - u0, j1 - j0
     kf = k.reshape(-1)
@@ -120,6 +143,8 @@ def _chunk(k, v, qs, u0, u1, j0, j1, diagonal, first_visible, scores, peak, tota
         0,
         kb,
     )
+    if has_mask:
+        _add_mask(scores, nr, kb, mask, i0 + u0, j0)
     _softmax_rows(
         scores,
         nr,
@@ -153,12 +178,15 @@ def _chunk(k, v, qs, u0, u1, j0, j1, diagonal, first_visible, scores, peak, tota
 
 
 @jit
-def attention_rows(q, k, v, o, i0, i1, scale, causal, offset, kv_block, work):
-    """Output rows ``[i0, i1)`` of one head: ``softmax(q K^T * scale) V`` over its visible keys.
+def attention_rows(q, k, v, o, i0, i1, scale, causal, offset, kv_block, work, mask, has_mask):
+    """Output rows ``[i0, i1)`` of one head: ``softmax(q K^T * scale + mask) V`` over its visible keys.
 
     ``q`` / ``o`` are [seq_q, D], ``k`` / ``v`` [seq_kv, D] (C-contiguous float32). With
-    ``causal``, query ``i`` sees key ``j`` iff ``j <= i + offset``. ``work`` holds
-    :func:`attention_scratch` elements. A row that sees no key is 0.
+    ``causal``, query ``i`` sees key ``j`` iff ``j <= i + offset``. ``mask`` is
+    ``(flat, origin, row stride, column stride)``: element ``[i, j]`` of the [seq_q,
+    seq_kv] mask of this head is ``flat[origin + i * row stride + j * column stride]``
+    (stride 0 along broadcast dimensions); it is added when ``has_mask``. ``work`` holds
+    :func:`attention_scratch` elements. A row that sees no key (or only -inf scores) is 0.
     """
     rows = i1 - i0
     head_dim = q.shape[1]
@@ -186,7 +214,7 @@ def attention_rows(q, k, v, o, i0, i1, scale, causal, offset, kv_block, work):
     for c in range(chunks):
         j0 = open_end * c // chunks
         j1 = open_end * (c + 1) // chunks
-        _chunk(k, v, qs, 0, rows, j0, j1, False, 0, scores, peak, total, acc)
+        _chunk(k, v, qs, 0, rows, j0, j1, False, 0, scores, peak, total, acc, mask, has_mask, i0)
     # The diagonal region: each group of rows multiplies only the keys its last row sees.
     for u0 in range(0, rows, DIAGONAL_ROWS):
         u1 = min(rows, u0 + DIAGONAL_ROWS)
@@ -195,7 +223,8 @@ def attention_rows(q, k, v, o, i0, i1, scale, causal, offset, kv_block, work):
         while j0 < end:
             j1 = min(end, j0 + kv_block)
             # Row u sees keys < i0 + u + offset + 1, i.e. (i0 + u0 + offset + 1 - j0) + (u - u0) of the chunk.
-            _chunk(k, v, qs, u0, u1, j0, j1, True, i0 + u0 + offset + 1 - j0, scores, peak, total, acc)
+            first = i0 + u0 + offset + 1 - j0
+            _chunk(k, v, qs, u0, u1, j0, j1, True, first, scores, peak, total, acc, mask, has_mask, i0)
             j0 = j1
     for u in range(rows):
         dst = o[i0 + u]
@@ -213,4 +242,9 @@ def warm_up() -> None:
     """Compile (or load from numba's cache) the kernel now."""
     q = np.zeros((4, 2), dtype=_F)
     work = np.zeros(attention_scratch(4, 4, 2), dtype=_F)
-    attention_rows(q, q, q, q, 0, 4, 1.0, True, 0, 4, work)
+    attention_rows(q, q, q, q, 0, 4, 1.0, True, 0, 4, work, no_mask(), False)
+
+
+def no_mask() -> tuple[np.ndarray, int, int, int]:
+    """The ``mask`` argument of a call without a mask."""
+    return (np.zeros(1, dtype=_F), 0, 0, 0)
