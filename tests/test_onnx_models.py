@@ -27,7 +27,8 @@ ort = pytest.importorskip("onnxruntime")
 
 import onnx.backend.test  # noqa: E402
 
-from computehal.onnx import BackendLacksError, FallbackWarning, InferenceSession  # noqa: E402
+from computehal import ForwardingBackend  # noqa: E402
+from computehal.onnx import BackendLacksError, FallbackWarning, InferenceSession, shared_backend  # noqa: E402
 from computehal.onnx import backend as computehal_backend  # noqa: E402
 from computehal.onnx.models import (  # noqa: E402
     LIGHT_MODELS,
@@ -64,7 +65,7 @@ with warnings.catch_warnings():
     TestOnnxLight_vulkan = _real_suite("vulkan", VULKAN_LIGHT)
 
 
-def _session(model: Any, backend: str, **kwargs: Any) -> InferenceSession:
+def _session(model: Any, backend: Any, **kwargs: Any) -> InferenceSession:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FallbackWarning)
         try:
@@ -145,3 +146,35 @@ def test_random_weights_keep_the_model_interface() -> None:
     session = _session(model, "cpu")
     assert [i.name for i in session.get_inputs()] == ["data_0"]
     assert not any(node.op_type == "ConstantOfShape" for node in model.graph.node)
+
+
+class _Counting(ForwardingBackend):
+    """Counts host <-> device copies and synchronisations of the wrapped backend."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.calls: dict[str, int] = {}
+        for method in ("synchronize", "copy_dtoh", "copy_htod"):
+            self._count(method)
+
+    def _count(self, method: str) -> None:
+        forward = getattr(self.inner, method)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[method] = self.calls.get(method, 0) + 1
+            return forward(*args, **kwargs)
+
+        setattr(self, method, counted)
+
+
+@pytest.mark.parametrize("backend_name", ("opencl", "vulkan"))
+def test_encoder_runs_on_the_device_without_round_trips(backend_name: str) -> None:
+    model = bert_encoder(layers=2, hidden=64, heads=4, vocab=500)
+    feeds = bert_inputs(1, 16, vocab=500)
+    counting = _Counting(shared_backend(backend_name))
+    session = _session(model, counting, strict=True)
+    session.run(None, feeds)
+    counting.calls.clear()
+    session.run(None, feeds)
+    # One upload for the cast integer mask, one download for the output, one synchronize.
+    assert counting.calls == {"copy_htod": 1, "copy_dtoh": 1, "synchronize": 1}
