@@ -7,7 +7,8 @@ Built from the placed nodes (:mod:`computehal.onnx._partition`):
 * graph inputs are uploaded once per run into each partition that reads them; weights
   once per session (:mod:`computehal.onnx._weights`), shared by its plans;
 * intermediates are placed in one arena per partition by lifetime
-  (:mod:`computehal.onnx._memory`), so buffers are reused;
+  (:mod:`computehal.onnx._memory`), so buffers are reused, and an element-wise call whose
+  input dies with it writes over that input;
 * a run executes the steps in order (no host round trip between device nodes), calls
   ``synchronize()`` once per backend, and copies the outputs out.
 """
@@ -71,14 +72,21 @@ class _Partition:
     store: WeightStore
     storages: dict[Storage, Block] = field(default_factory=dict)
     weights: dict[Storage, int] = field(default_factory=dict)
+    shared: dict[Storage, Storage] = field(default_factory=dict)  # computed in place into another
     arena: int = 0
     arena_bytes: int = 0
     naive_bytes: int = 0
+
+    def canonical(self, storage: Storage) -> Storage:
+        while storage in self.shared:
+            storage = self.shared[storage]
+        return storage
 
     def touch(self, storage: Storage, step: int) -> None:
         if storage.kind == "weight":
             self.weights.setdefault(storage, 0)
             return
+        storage = self.canonical(storage)
         block = self.storages.get(storage)
         if block is None:
             self.storages[storage] = Block(storage, storage.nbytes, step, step)
@@ -89,7 +97,29 @@ class _Partition:
         storage = tensor.storage
         if storage.kind == "weight":
             return self.weights[storage] + tensor.offset
-        return self.arena + self.storages[storage].offset + tensor.offset
+        return self.arena + self.storages[self.canonical(storage)].offset + tensor.offset
+
+    def share_in_place(self, step: int, call: Call) -> None:
+        """Let an element-wise call write over an input that dies with it (same bytes, same place)."""
+        out = call.args[2] if call.method == "unary" else call.args[3]
+        inputs = call.args[1:2] if call.method == "unary" else call.args[1:3]
+        target = self.canonical(out.storage)
+        out_block = self.storages.get(target)
+        if target.kind != "arena" or out_block is None or out_block.first != step:
+            return
+        if out.offset or out.nbytes != target.nbytes:
+            return
+        for x in inputs:
+            source = self.canonical(x.storage)
+            block = self.storages.get(source)
+            if source is target or source.kind != "arena" or block is None or block.last != step:
+                continue
+            if x.offset or x.nbytes != out.nbytes or source.nbytes != target.nbytes:
+                continue
+            block.last = out_block.last
+            del self.storages[target]
+            self.shared[target] = source
+            return
 
 
 class ExecutablePlan:
@@ -123,6 +153,12 @@ class ExecutablePlan:
         for kind, item in self.outputs:
             if kind in self.parts:
                 self.parts[kind].touch(item.storage, end)
+        self._touch_inputs()
+        for part in self.parts.values():
+            part.naive_bytes = naive_size(list(part.storages.values()))
+        for step, (where, op) in enumerate(self._ops):
+            if where != HOST and isinstance(op, Call) and op.method in ("unary", "binary"):
+                self.parts[where].share_in_place(step, op)
         self._allocate()
         self._steps = [self._bind(where, op) for where, op in self._ops]
         self._input_steps = [self._bind_input(where, name, s) for where, name, s in self._input_uploads()]
@@ -217,14 +253,14 @@ class ExecutablePlan:
     def _input_uploads(self) -> list[tuple[str, str, Storage]]:
         return [(where, storage.label, storage) for where, storage in self._inputs]
 
+    def _touch_inputs(self) -> None:
+        for where, storage in self._inputs:
+            self.parts[where].touch(storage, 0)
+
     def _allocate(self) -> None:
         for part in self.parts.values():
-            for where, storage in self._inputs:
-                if part is self.parts[where]:
-                    part.touch(storage, 0)
             blocks = list(part.storages.values())
             part.arena_bytes = place(blocks)
-            part.naive_bytes = naive_size(blocks)
             for storage in part.weights:
                 part.weights[storage] = part.store.address(part.backend, storage)
             if part.arena_bytes:
@@ -262,7 +298,7 @@ class ExecutablePlan:
 
     def _bind_input(self, where: str, name: str, storage: Storage) -> Step:
         part = self.parts[where]
-        address = part.arena + part.storages[storage].offset
+        address = part.arena + part.storages[part.canonical(storage)].offset
         backend = part.backend
 
         def upload(values: dict[str, Any]) -> None:
