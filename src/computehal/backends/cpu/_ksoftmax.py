@@ -29,7 +29,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._nb import as_float, as_int, jit, jit_reassoc, order_key, prefetch, stream_scaled, wide_vectors
+from ._nb import (
+    as_float,
+    as_int,
+    jit,
+    jit_reassoc,
+    order_key,
+    prefetch,
+    stream_scaled,
+    stream_shifted,
+    wide_vectors,
+)
 
 __all__ = ["exp_fast", "exp_fast_nan", "softmax_rows", "softmax_columns", "BLOCK_ROWS", "warm_up"]
 
@@ -123,16 +133,23 @@ def _scale_into(src, dst, factor):
         dst[i] = src[i] * factor
     body = head + (n - head) // 8 * 8
     for i in range(head, body, 8):
-        stream_scaled(src, i, factor, dst, i)
+        stream_scaled(src, i, factor, factor, dst, i)
     for i in range(body, n):
         dst[i] = src[i] * factor
 
 
 @jit
-def _shift(row, out, peak, offset):
-    wide_vectors()
-    for i in range(row.shape[0]):
-        out[i] = (row[i] - peak) - offset
+def _shift_into(src, dst, peak, offset):
+    """``dst = (src - peak) - offset``: streaming stores on the 32-byte aligned body of ``dst``."""
+    n = dst.shape[0]
+    head = min(n, ((32 - dst.ctypes.data % 32) % 32) // 4)
+    for i in range(head):
+        dst[i] = (src[i] - peak) - offset
+    body = head + (n - head) // 8 * 8
+    for i in range(head, body, 8):
+        stream_shifted(src, i, peak, offset, dst, i)
+    for i in range(body, n):
+        dst[i] = (src[i] - peak) - offset
 
 
 @jit
@@ -147,7 +164,7 @@ def _softmax_row(src, dst, log, scratch):
     peak = order_key(hi)
     if log:
         total = _exp_sum(src, scratch, peak, False)
-        _shift(src, dst, peak, _F(np.log(total)))
+        _shift_into(src, dst, peak, _F(np.log(total)))
     else:
         # The exponentials go to cached scratch; the output is written once, streaming.
         total = _exp_sum(src, scratch, peak, True)

@@ -47,6 +47,7 @@ __all__ = [
     "order_key",
     "prefetch",
     "stream_scaled",
+    "stream_shifted",
     "transpose8",
     "wide_vectors",
     "NO",
@@ -256,38 +257,57 @@ def transpose8(
     return sig, codegen
 
 
-@intrinsic
-def stream_scaled(typingctx: Any, src: Any, s_off: Any, factor: Any, dst: Any, d_off: Any) -> Any:
-    """``dst[d_off + i] = src[s_off + i] * factor`` for ``i < 8``, stored non-temporally.
-
-    ``dst + d_off`` must be 32-byte aligned; ``src`` and ``dst`` are 1-D float32 arrays.
-    """
-    f32 = types.float32
-    if not all(isinstance(a, types.Array) and a.dtype == f32 and a.ndim == 1 for a in (src, dst)):
-        return None
-    if factor != f32 or not all(isinstance(a, types.Integer) for a in (s_off, d_off)):
-        return None
-    sig = types.void(src, s_off, factor, dst, d_off)
+def _stream_codegen(combine: Callable[[Any, Any, Any, Any], Any]) -> Any:
+    """Codegen of ``dst[d_off + i] = combine(src[s_off + i], a, b)`` for ``i < 8``, non-temporal store."""
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         vec = ir.VectorType(ir.FloatType(), 8)
         source = context.make_array(signature.args[0])(context, builder, args[0])
-        target = context.make_array(signature.args[3])(context, builder, args[3])
+        target = context.make_array(signature.args[4])(context, builder, args[4])
         so = context.cast(builder, args[1], signature.args[1], types.intp)
-        do = context.cast(builder, args[4], signature.args[4], types.intp)
-        at = builder.bitcast(builder.gep(source.data, [so]), vec.as_pointer())
-        values = builder.load(at, align=4)
-        scale = builder.insert_element(ir.Constant(vec, ir.Undefined), args[2], ir.IntType(32)(0))
-        scale = builder.shuffle_vector(scale, scale, ir.Constant(ir.VectorType(ir.IntType(32), 8), [0] * 8))
-        store = builder.store(
-            builder.fmul(values, scale),
-            builder.bitcast(builder.gep(target.data, [do]), vec.as_pointer()),
-            align=32,
-        )
+        do = context.cast(builder, args[5], signature.args[5], types.intp)
+        values = builder.load(builder.bitcast(builder.gep(source.data, [so]), vec.as_pointer()), align=4)
+        splat = []
+        for scalar in (args[2], args[3]):
+            one = builder.insert_element(ir.Constant(vec, ir.Undefined), scalar, ir.IntType(32)(0))
+            splat.append(
+                builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(ir.IntType(32), 8), [0] * 8))
+            )
+        where = builder.bitcast(builder.gep(target.data, [do]), vec.as_pointer())
+        store = builder.store(combine(builder, values, splat[0], splat[1]), where, align=32)
         store.set_metadata("nontemporal", builder.module.add_metadata([ir.IntType(32)(1)]))
         return context.get_dummy_value()
 
-    return sig, codegen
+    return codegen
+
+
+def _stream_signature(src: Any, s_off: Any, a: Any, b: Any, dst: Any, d_off: Any) -> Any:
+    f32 = types.float32
+    if not all(isinstance(t, types.Array) and t.dtype == f32 and t.ndim == 1 for t in (src, dst)):
+        return None
+    if a != f32 or b != f32 or not all(isinstance(t, types.Integer) for t in (s_off, d_off)):
+        return None
+    return types.void(src, s_off, a, b, dst, d_off)
+
+
+@intrinsic
+def stream_scaled(typingctx: Any, src: Any, s_off: Any, a: Any, b: Any, dst: Any, d_off: Any) -> Any:
+    """``dst[d_off + i] = src[s_off + i] * a`` for ``i < 8``, stored non-temporally (``b`` unused).
+
+    ``dst + d_off`` must be 32-byte aligned; ``src`` and ``dst`` are 1-D float32 arrays.
+    """
+    sig = _stream_signature(src, s_off, a, b, dst, d_off)
+    return None if sig is None else (sig, _stream_codegen(lambda bld, v, x, y: bld.fmul(v, x)))
+
+
+@intrinsic
+def stream_shifted(typingctx: Any, src: Any, s_off: Any, a: Any, b: Any, dst: Any, d_off: Any) -> Any:
+    """``dst[d_off + i] = (src[s_off + i] - a) - b`` for ``i < 8``, stored non-temporally.
+
+    ``dst + d_off`` must be 32-byte aligned; ``src`` and ``dst`` are 1-D float32 arrays.
+    """
+    sig = _stream_signature(src, s_off, a, b, dst, d_off)
+    return None if sig is None else (sig, _stream_codegen(lambda bld, v, x, y: bld.fsub(bld.fsub(v, x), y)))
 
 
 @intrinsic

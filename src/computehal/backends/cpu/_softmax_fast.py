@@ -1,6 +1,6 @@
 """Softmax and log-softmax with the fused kernels of :mod:`._ksoftmax`, split over the worker threads.
 
-Rows (``inner == 1``, softmax only) go to the threads in contiguous ranges; a strided axis is split
+Rows (``inner == 1``) go to the threads in contiguous ranges; a strided axis is split
 into column ranges of each outer slice, at least :data:`MIN_COLUMNS` wide so that
 every row segment a thread streams is long. Each thread keeps its scratch between
 calls (:func:`._conv_winograd.thread_scratch`).
@@ -36,10 +36,6 @@ def fast_softmax(p: v.AxisProblem, x: FloatArray, out: FloatArray) -> bool:
     if kern is None:
         return False
     if p.inner == 1:
-        if p.log:
-            # Measured no faster than the general kernel of :mod:`._kmath` (both bound
-            # by memory with two threads); that one stays.
-            return False
         rows_x = x.reshape(p.outer, p.length)
         rows_out = out.reshape(p.outer, p.length)
 
