@@ -468,3 +468,14 @@ def test_backend_small_image_data_gradient(cpu: CpuBackend, pads: list[int]) -> 
             want += np.einsum("kc,nkhw->nchw", f[:, :, r, s].astype(np.float64), part)
             mag += np.einsum("kc,nkhw->nchw", np.abs(f[:, :, r, s]).astype(np.float64), np.abs(part))
     assert np.all(np.abs(gx - want) <= 2 * (k * 9 + 2) * EPS32 * mag + 1e-30)
+
+
+def test_thread_scratch_keeps_small_arrays_only() -> None:
+    from computehal.backends.cpu._scratch import KEEP_BYTES, thread_scratch
+
+    small = thread_scratch("test-scratch", 1000)
+    assert thread_scratch("test-scratch", 500) is small  # reused, not shrunk
+    assert thread_scratch("test-scratch", 2000).size >= 2000  # grown
+    big = KEEP_BYTES // 4 + 1
+    first, second = thread_scratch("test-big", big), thread_scratch("test-big", big)
+    assert first is not second and first.size == big  # above the cap: per call, not held

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from ... import validation as v
-from ._conv_winograd import thread_scratch
 from ._plumbing import CpuPlumbing
 from ._runtime import kernels, parallel_pull, parallel_ranges, single_threaded_blas
+from ._scratch import thread_scratch
 
 __all__ = ["fast_attention"]
 

@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from ._conv_winograd import thread_scratch
 from ._plumbing import FloatArray
 from ._runtime import kernels, parallel_pull, single_threaded_blas, workers
+from ._scratch import thread_scratch
 
 __all__ = [
     "pointwise_forward",

@@ -11,7 +11,7 @@ Two schedules, chosen by the size of the transformed filter ``U`` (36 C K floats
   whole ``U`` again for every item.
 
 Work is pulled by the worker threads, each running its GEMMs on single-threaded BLAS.
-Scratch is kept between calls (:func:`thread_scratch`): a convolution call allocates
+Scratch is kept between calls (:func:`._scratch.thread_scratch`): a convolution call allocates
 nothing of the size of its images.
 
 Every driver returns False, having written nothing it promises, when an input value
@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import numpy as np
 
 from ._plumbing import FloatArray
 from ._runtime import kernels, parallel_pull, parallel_ranges, single_threaded_blas, workers
+from ._scratch import thread_scratch
 
-__all__ = ["winograd_forward", "winograd_backward_data", "winograd_backward_filter", "thread_scratch"]
+__all__ = ["winograd_forward", "winograd_backward_data", "winograd_backward_filter"]
 
 #: Target tiles per fused work item: V and M of an item (36 x tiles x (C + K) floats,
 #: about 4 MB for 64 channels: larger items measured faster than L2-sized ones).
@@ -40,25 +40,8 @@ MAX_TILES = 256
 #: Largest transformed filter (floats) of the fused schedule.
 FUSED_FILTER_FLOATS = 1 << 18
 
-_local = threading.local()
 
 Item = tuple[int, int, int, int]
-
-
-def thread_scratch(name: str, size: int, dtype: Any = np.float32) -> FloatArray:
-    """An array of at least ``size`` elements owned by this thread (grown, never shrunk).
-
-    Kept between calls, so that a convolution does not fault in fresh pages for its
-    scratch each time.
-    """
-    buffers: dict[tuple[str, Any], FloatArray] | None = getattr(_local, "buffers", None)
-    if buffers is None:
-        buffers = _local.buffers = {}
-    key = (name, np.dtype(dtype))
-    buf = buffers.get(key)
-    if buf is None or buf.size < size:
-        buf = buffers[key] = np.empty(max(size, 1), dtype=dtype)
-    return buf
 
 
 def _items(n: int, th: int, tw: int, cin: int, kout: int) -> list[Item]:

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 
 from ... import validation as v
-from ._conv_winograd import thread_scratch
 from ._plumbing import FloatArray
 from ._runtime import PARALLEL_THRESHOLD, kernels, parallel_ranges, workers
+from ._scratch import thread_scratch
 
 __all__ = ["fast_softmax"]
 
