@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import numpy as np
@@ -10,7 +9,18 @@ import numpy.typing as npt
 
 from ..backend import ComputeBackend
 from . import reference as ref
-from ._common import DTYPES, SHORT, Case, assert_close, call_or_refuse, eps_of, rng_for, storage_tol, tiny_of
+from ._common import (
+    DTYPES,
+    SHORT,
+    Case,
+    assert_close,
+    call_or_refuse,
+    eps_of,
+    rng_for,
+    storage_tol,
+    tiny_of,
+    value_case,
+)
 from .reference import storage
 from .workspace import Workspace
 
@@ -83,98 +93,33 @@ def _reduce_value(
     return assert_close(f"reduce({op}, axis={axis}): output", got, want, tol, dtype=dt)
 
 
+#: The reductions, in case order.
+_REDUCE_OPS = ("sum", "max", "min", "mean")
+
+
 def _reduce_cases() -> list[Case]:
+    def case(name: str, label: str, op: str, shape: tuple[int, ...], axis: int, **keywords: Any) -> Case:
+        return value_case(
+            "reduce", name, _reduce_value, label=label, op=op, shape=shape, axis=axis, **keywords
+        )
+
     cases: list[Case] = []
-    for op in ("sum", "max", "min", "mean"):
-        for axis in range(3):
-            cases.append(
-                Case(
-                    "reduce",
-                    f"{op}-axis{axis}",
-                    functools.partial(
-                        _reduce_value, label=f"red-{op}-{axis}", op=op, shape=(4, 5, 6), axis=axis
-                    ),
-                )
-            )
-        cases.append(
-            Case(
-                "reduce",
-                f"{op}-nan-inf",
-                functools.partial(
-                    _reduce_value, label=f"red-{op}-sp", op=op, shape=(6, 7, 3), axis=1, special=True
-                ),
-            )
-        )
-        cases.append(
-            Case(
-                "reduce",
-                f"{op}-empty-axis",
-                functools.partial(_reduce_value, label=f"red-{op}-e", op=op, shape=(3, 0, 2), axis=1),
-            )
-        )
-        cases.append(
-            Case(
-                "reduce",
-                f"{op}-1d-long",
-                functools.partial(_reduce_value, label=f"red-{op}-1d", op=op, shape=(5003,), axis=0),
-            )
-        )
-        cases.append(
-            Case(
-                "reduce",
-                f"{op}-wide",
-                functools.partial(_reduce_value, label=f"red-{op}-w", op=op, shape=(70, 1031), axis=0),
-            )
-        )
-    cases.append(
-        Case(
-            "reduce",
-            "sum-empty-output",
-            functools.partial(_reduce_value, label="red-eo", op="sum", shape=(0, 5), axis=1),
-        )
-    )
-    cases.append(
-        Case(
-            "reduce",
-            "MAX-uppercase",
-            functools.partial(_reduce_value, label="red-up", op="MAX", shape=(3, 4), axis=1),
-        )
-    )
+    for op in _REDUCE_OPS:
+        cases += [case(f"{op}-axis{axis}", f"red-{op}-{axis}", op, (4, 5, 6), axis) for axis in range(3)]
+        cases += [
+            case(f"{op}-nan-inf", f"red-{op}-sp", op, (6, 7, 3), 1, special=True),
+            case(f"{op}-empty-axis", f"red-{op}-e", op, (3, 0, 2), 1),
+            case(f"{op}-1d-long", f"red-{op}-1d", op, (5003,), 0),
+            case(f"{op}-wide", f"red-{op}-w", op, (70, 1031), 0),
+        ]
+    cases.append(case("sum-empty-output", "red-eo", "sum", (0, 5), 1))
+    cases.append(case("MAX-uppercase", "red-up", "MAX", (3, 4), 1))
     for dt in DTYPES:
-        for op in ("sum", "max", "min", "mean"):
-            cases.append(
-                Case(
-                    "reduce",
-                    f"{op}-{SHORT[dt]}",
-                    functools.partial(
-                        _reduce_value, label=f"red-{op}-dt", op=op, shape=(5, 37, 3), axis=1, dtype=dt
-                    ),
-                )
-            )
-        cases.append(
-            Case(
-                "reduce",
-                f"nan-inf-{SHORT[dt]}",
-                functools.partial(
-                    _reduce_value,
-                    label="red-sp-dt",
-                    op="sum",
-                    shape=(6, 7, 3),
-                    axis=1,
-                    special=True,
-                    dtype=dt,
-                ),
-            )
-        )
-        cases.append(
-            Case(
-                "reduce",
-                f"max-nan-inf-{SHORT[dt]}",
-                functools.partial(
-                    _reduce_value, label="red-spm-dt", op="max", shape=(4, 9), axis=1, special=True, dtype=dt
-                ),
-            )
-        )
+        cases += [
+            case(f"{op}-{SHORT[dt]}", f"red-{op}-dt", op, (5, 37, 3), 1, dtype=dt) for op in _REDUCE_OPS
+        ]
+        cases.append(case(f"nan-inf-{SHORT[dt]}", "red-sp-dt", "sum", (6, 7, 3), 1, special=True, dtype=dt))
+        cases.append(case(f"max-nan-inf-{SHORT[dt]}", "red-spm-dt", "max", (4, 9), 1, special=True, dtype=dt))
     return cases
 
 
@@ -255,8 +200,7 @@ def _softmax_cases() -> list[Case]:
                 )
             )
     return [
-        Case("softmax", name, functools.partial(_softmax_value, label=f"sm-{name}", **kwargs))
-        for name, kwargs in configs
+        value_case("softmax", name, _softmax_value, label=f"sm-{name}", **kwargs) for name, kwargs in configs
     ]
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -24,19 +23,18 @@ from ._common import (
     eps_of,
     rng_for,
     storage_tol,
+    value_case,
 )
 from .reference import storage
 from .workspace import Workspace
 
-__all__ = ["blas_cases", "check_c", "gemm_tol", "transposed", "finite_abs", "SENTINEL"]
+__all__ = ["blas_cases", "check_c", "gemm_tol", "matmul_case", "transposed", "finite_abs", "SENTINEL"]
 
 F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)
 #: Value parked in the padding rows of C (between m and ldc) and the gaps between
 #: batched matrices; it must survive bit for bit.
 SENTINEL = 7777.25
-
-Runner = Callable[[ComputeBackend], float]
 
 
 def finite_abs(a: npt.ArrayLike) -> npt.NDArray[np.float64]:
@@ -115,6 +113,25 @@ def _inject_specials(
         c.reshape(-1)[0] = np.nan
 
 
+def _want_and_tol(
+    ta: str,
+    tb: str,
+    alpha: float,
+    a: npt.NDArray[np.float64],
+    b: npt.NDArray[np.float64],
+    beta: float,
+    c: npt.NDArray[np.float64],
+    eps: float,
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """The exact ``alpha op(A) op(B) + beta C`` and its float32 (float64) error bound."""
+    op_a = a.T if transposed(ta) else a
+    op_b = b.T if transposed(tb) else b
+    want = ref.gemm(transposed(ta), transposed(tb), alpha, a, b, beta, c)
+    with np.errstate(invalid="ignore"):
+        tol = gemm_tol(finite_abs(op_a), finite_abs(op_b), c, alpha, beta, eps)
+    return want, tol
+
+
 def _gemm_value(
     be: ComputeBackend,
     *,
@@ -134,7 +151,6 @@ def _gemm_value(
     as_enums: bool = False,
     offset: int | None = None,
 ) -> float:
-    eps = eps_of(dtype)
     a_rows, a_cols = (k, m) if transposed(ta) else (m, k)
     b_rows, b_cols = (n, k) if transposed(tb) else (k, n)
     lda, ldb, ldc = max(1, a_rows) + pads[0], max(1, b_rows) + pads[1], max(1, m) + pads[2]
@@ -165,11 +181,7 @@ def _gemm_value(
         ws.check_unchanged(("A", "B"))
         if m == 0 or n == 0:
             ws.check_unchanged()
-    op_a = a.T if transposed(ta) else a
-    op_b = b.T if transposed(tb) else b
-    want = ref.gemm(transposed(ta), transposed(tb), alpha, a, b, beta, c)
-    with np.errstate(invalid="ignore"):
-        tol = gemm_tol(finite_abs(op_a), finite_abs(op_b), c, alpha, beta, eps)
+    want, tol = _want_and_tol(ta, tb, alpha, a, b, beta, c, eps_of(dtype))
     return check_c("gemm", got_flat, c_flat, m, n, ldc, want, tol, dtype)
 
 
@@ -208,117 +220,72 @@ def _gemm_shared_allocation(be: ComputeBackend) -> float:
     return check_c("gemm shared allocation", c_got, parts[2].astype(F32), m, n, ldc, want, tol, F32)
 
 
+def matmul_case(
+    op: str,
+    run: Callable[..., float],
+    name: str,
+    label: str,
+    trans: str,
+    mnk: tuple[int, int, int],
+    **keywords: Any,
+) -> Case:
+    """A GEMM-family value case: ``run(be, label=, ta=, tb=, m=, n=, k=, **keywords)``."""
+    m, n, k = mnk
+    return value_case(op, name, run, label=label, ta=trans[0], tb=trans[1], m=m, n=n, k=k, **keywords)
+
+
+#: GEMM edge cases: (name, data label, op(A) op(B), (m, n, k), other keywords of _gemm_value).
+_GEMM_EDGES: tuple[tuple[str, str, str, tuple[int, int, int], dict[str, Any]], ...] = (
+    ("beta0-nan-in-C", "gemm-b0", "NN", (13, 11, 9), dict(beta=0.0, c_nan=True)),
+    ("beta0-nan-in-C-f64", "gemm-b0-64", "TN", (13, 11, 9), dict(beta=0.0, c_nan=True, dtype="float64")),
+    ("k0", "gemm-k0", "NN", (6, 5, 0), dict(beta=-2.0)),
+    ("k0-beta0-nan-in-C", "gemm-k0b0", "TT", (6, 5, 0), dict(beta=0.0, c_nan=True)),
+    ("alpha0-nan-in-AB", "gemm-a0", "NT", (8, 6, 7), dict(alpha=0.0, beta=0.5, ab_nan=True)),
+    ("alpha0-beta0", "gemm-a0b0", "NN", (8, 6, 7), dict(alpha=0.0, beta=0.0, ab_nan=True, c_nan=True)),
+    ("m0", "gemm-m0", "NN", (0, 5, 4), {}),
+    ("n0", "gemm-n0", "TN", (5, 0, 4), {}),
+    ("vector-m1", "gemm-m1", "TN", (1, 50, 33), {}),
+    ("outer-k1", "gemm-k1", "NT", (40, 30, 1), {}),
+    ("large-NN", "gemm-largeNN", "NN", (130, 97, 200), {}),
+    ("large-TT", "gemm-largeTT", "TT", (65, 129, 257), {}),
+    ("interior-unaligned", "gemm-off", "TN", (19, 17, 15), dict(offset=68)),
+    ("interior-unaligned-f64", "gemm-off64", "NT", (11, 10, 9), dict(offset=72, dtype="float64")),
+)
+
+
 def _gemm_cases() -> list[Case]:
-    cases: list[Case] = []
+    def case(name: str, label: str, trans: str, mnk: tuple[int, int, int], **keywords: Any) -> Case:
+        return matmul_case("gemm", _gemm_value, name, label, trans, mnk, **keywords)
 
-    def add(name: str, runner: Runner) -> None:
-        cases.append(Case("gemm", name, runner))
-
-    for ta in "NTC":
-        for tb in "NTC":
-            add(
-                f"{ta}{tb}-ld",
-                functools.partial(_gemm_value, label=f"gemm-{ta}{tb}", ta=ta, tb=tb, m=37, n=29, k=23),
-            )
-    add(
-        "NN-enums",
-        functools.partial(
-            _gemm_value, label="gemm-enums", ta="N", tb="T", m=16, n=16, k=16, dtype=F32, as_enums=True
-        ),
-    )
-    for pair in ("NN", "TN", "NT"):
-        for dt in DTYPES:
-            add(
-                f"{pair}-{SHORT[dt]}",
-                functools.partial(
-                    _gemm_value,
-                    label=f"gemm-{SHORT[dt]}-{pair}",
-                    ta=pair[0],
-                    tb=pair[1],
-                    m=21,
-                    n=19,
-                    k=17,
-                    dtype=dt,
-                ),
-            )
-    add(
-        "beta0-nan-in-C",
-        functools.partial(
-            _gemm_value, label="gemm-b0", ta="N", tb="N", m=13, n=11, k=9, beta=0.0, c_nan=True
-        ),
-    )
-    add(
-        "beta0-nan-in-C-f64",
-        functools.partial(
-            _gemm_value,
-            label="gemm-b0-64",
-            ta="T",
-            tb="N",
-            m=13,
-            n=11,
-            k=9,
-            beta=0.0,
-            c_nan=True,
-            dtype="float64",
-        ),
-    )
-    add("k0", functools.partial(_gemm_value, label="gemm-k0", ta="N", tb="N", m=6, n=5, k=0, beta=-2.0))
-    add(
-        "k0-beta0-nan-in-C",
-        functools.partial(
-            _gemm_value, label="gemm-k0b0", ta="T", tb="T", m=6, n=5, k=0, beta=0.0, c_nan=True
-        ),
-    )
-    add(
-        "alpha0-nan-in-AB",
-        functools.partial(
-            _gemm_value, label="gemm-a0", ta="N", tb="T", m=8, n=6, k=7, alpha=0.0, beta=0.5, ab_nan=True
-        ),
-    )
-    add(
-        "alpha0-beta0",
-        functools.partial(
-            _gemm_value,
-            label="gemm-a0b0",
-            ta="N",
-            tb="N",
-            m=8,
-            n=6,
-            k=7,
-            alpha=0.0,
-            beta=0.0,
-            ab_nan=True,
-            c_nan=True,
-        ),
-    )
-    add("m0", functools.partial(_gemm_value, label="gemm-m0", ta="N", tb="N", m=0, n=5, k=4))
-    add("n0", functools.partial(_gemm_value, label="gemm-n0", ta="T", tb="N", m=5, n=0, k=4))
-    add("vector-m1", functools.partial(_gemm_value, label="gemm-m1", ta="T", tb="N", m=1, n=50, k=33))
-    add("outer-k1", functools.partial(_gemm_value, label="gemm-k1", ta="N", tb="T", m=40, n=30, k=1))
-    add("large-NN", functools.partial(_gemm_value, label="gemm-largeNN", ta="N", tb="N", m=130, n=97, k=200))
-    add("large-TT", functools.partial(_gemm_value, label="gemm-largeTT", ta="T", tb="T", m=65, n=129, k=257))
-    add(
-        "interior-unaligned",
-        functools.partial(_gemm_value, label="gemm-off", ta="T", tb="N", m=19, n=17, k=15, offset=68),
-    )
-    add(
-        "interior-unaligned-f64",
-        functools.partial(
-            _gemm_value, label="gemm-off64", ta="N", tb="T", m=11, n=10, k=9, offset=72, dtype="float64"
-        ),
-    )
-    add("shared-allocation", _gemm_shared_allocation)
-    for dt in DTYPES:
-        add(
-            f"nan-inf-{SHORT[dt]}",
-            functools.partial(
-                _gemm_value, label=f"gemm-nan-{dt}", ta="T", tb="N", m=7, n=6, k=5, specials=True, dtype=dt
-            ),
-        )
+    cases = [case(f"{ta}{tb}-ld", f"gemm-{ta}{tb}", ta + tb, (37, 29, 23)) for ta in "NTC" for tb in "NTC"]
+    cases.append(case("NN-enums", "gemm-enums", "NT", (16, 16, 16), dtype=F32, as_enums=True))
+    cases += [
+        case(f"{pair}-{SHORT[dt]}", f"gemm-{SHORT[dt]}-{pair}", pair, (21, 19, 17), dtype=dt)
+        for pair in ("NN", "TN", "NT")
+        for dt in DTYPES
+    ]
+    cases += [case(name, label, trans, mnk, **keywords) for name, label, trans, mnk, keywords in _GEMM_EDGES]
+    cases.append(Case("gemm", "shared-allocation", _gemm_shared_allocation))
+    cases += [
+        case(f"nan-inf-{SHORT[dt]}", f"gemm-nan-{dt}", "TN", (7, 6, 5), specials=True, dtype=dt)
+        for dt in DTYPES
+    ]
     return cases
 
 
 # --------------------------------------------------------------------------- batched GEMM
+
+
+def _pack_batches(
+    mats: npt.NDArray[Any], ld: int, stride: int, fill: float, count: int, dtype: Any
+) -> npt.NDArray[Any]:
+    """``count`` column-major matrices ``stride`` elements apart (``fill`` between them) as ``dtype``."""
+    one = ld * mats.shape[2]
+    total = stride * (count - 1) + one if count else 0
+    flat = np.full(max(total, 1), fill, dtype=np.float64)
+    for i in range(count):
+        flat[i * stride : i * stride + one] = colmajor(mats[min(i, len(mats) - 1)], ld, fill)
+    return storage(flat, dtype)
 
 
 def _batched_value(
@@ -339,7 +306,6 @@ def _batched_value(
     specials: bool = False,
     dtype: Any = "float32",
 ) -> float:
-    eps = eps_of(dtype)
     rng = rng_for(label)
     a_rows, a_cols = (k, m) if transposed(ta) else (m, k)
     b_rows, b_cols = (n, k) if transposed(tb) else (k, n)
@@ -356,18 +322,9 @@ def _batched_value(
         c[...] = np.nan
     if specials and batch:
         _inject_specials(a[-1], b[-1], c[-1])
-
-    def pack(mats: npt.NDArray[Any], ld: int, stride: int, fill: float, count: int) -> npt.NDArray[Any]:
-        one = ld * mats.shape[2]
-        total = stride * (count - 1) + one if count else 0
-        flat = np.full(max(total, 1), fill, dtype=np.float64)
-        for i in range(count):
-            flat[i * stride : i * stride + one] = colmajor(mats[min(i, len(mats) - 1)], ld, fill)
-        return storage(flat, dtype)
-
-    a_flat = pack(a, lda, stride_a, np.nan, batches_a if not broadcast_a else 1)
-    b_flat = pack(b, ldb, stride_b, np.nan, batch)
-    c_flat = pack(c, ldc, stride_c, SENTINEL, batch)
+    a_flat = _pack_batches(a, lda, stride_a, np.nan, batches_a, dtype)
+    b_flat = _pack_batches(b, ldb, stride_b, np.nan, batch, dtype)
+    c_flat = _pack_batches(c, ldc, stride_c, SENTINEL, batch, dtype)
     with Workspace(be) as ws:
         pa = ws.put(a_flat, label="A")
         pb = ws.put(b_flat, label="B")
@@ -375,25 +332,9 @@ def _batched_value(
 
         def call() -> None:
             be.batched_gemm(
-                ta,
-                tb,
-                m,
-                n,
-                k,
-                alpha,
-                pa,
-                lda,
-                stride_a,
-                pb,
-                ldb,
-                stride_b,
-                beta,
-                pc,
-                ldc,
-                stride_c,
-                batch,
+                ta, tb, m, n, k, alpha, pa, lda, stride_a, pb, ldb, stride_b, beta, pc, ldc, stride_c, batch,
                 dtype=dtype,
-            )
+            )  # fmt: skip
 
         if not call_or_refuse(be, ws, "batched_gemm", dtype, call):
             return 0.0
@@ -404,61 +345,41 @@ def _batched_value(
             return 0.0
     worst = 0.0
     for i in range(batch):
-        start = i * stride_c
+        start, end = i * stride_c, i * stride_c + ldc * n
         if i:
             gap = slice((i - 1) * stride_c + ldc * n, start)
             assert_bits_equal(f"batched_gemm: gap before batch {i}", got[gap], c_flat[gap])
-        ai = a[0 if broadcast_a else i]
-        want = ref.gemm(transposed(ta), transposed(tb), alpha, ai, b[i], beta, c[i])
-        op_a = ai.T if transposed(ta) else ai
-        op_b = b[i].T if transposed(tb) else b[i]
-        with np.errstate(invalid="ignore"):
-            tol = gemm_tol(finite_abs(op_a), finite_abs(op_b), c[i], alpha, beta, eps)
-        worst = max(
-            worst,
-            check_c(
-                f"batched_gemm batch {i}",
-                got[start : start + ldc * n],
-                c_flat[start : start + ldc * n],
-                m,
-                n,
-                ldc,
-                want,
-                tol,
-                dtype,
-            ),
-        )
+        want, tol = _want_and_tol(ta, tb, alpha, a[0 if broadcast_a else i], b[i], beta, c[i], eps_of(dtype))
+        what = f"batched_gemm batch {i}"
+        worst = max(worst, check_c(what, got[start:end], c_flat[start:end], m, n, ldc, want, tol, dtype))
     return worst
 
 
+#: Batched GEMM cases beyond the plain ones: (name, op(A) op(B), (m, n, k), other keywords of _batched_value).
+_BATCHED_EDGES: tuple[tuple[str, str, tuple[int, int, int], dict[str, Any]], ...] = (
+    ("broadcast-A-stride0", "NN", (6, 4, 5), dict(batch=4, broadcast_a=True)),
+    ("batch0", "NN", (3, 3, 3), dict(batch=0)),
+    ("batch1", "TN", (9, 8, 7), dict(batch=1)),
+    ("beta0-nan-in-C", "NT", (5, 6, 4), dict(batch=3, beta=0.0, c_nan=True)),
+    ("large", "NN", (70, 66, 130), dict(batch=2)),
+)
+
+
 def _batched_cases() -> list[Case]:
-    cases: list[Case] = []
-    for pair in ("NN", "TN", "NT", "TT", "CN"):
-        cases.append(
-            Case(
-                "batched_gemm",
-                f"{pair}-gaps",
-                functools.partial(
-                    _batched_value, label=f"bg-{pair}", ta=pair[0], tb=pair[1], m=7, n=5, k=6, batch=3
-                ),
-            )
-        )
-    extra: list[tuple[str, dict[str, Any]]] = [
-        ("broadcast-A-stride0", dict(ta="N", tb="N", m=6, n=4, k=5, batch=4, broadcast_a=True)),
-        ("batch0", dict(ta="N", tb="N", m=3, n=3, k=3, batch=0)),
-        ("batch1", dict(ta="T", tb="N", m=9, n=8, k=7, batch=1)),
-        ("beta0-nan-in-C", dict(ta="N", tb="T", m=5, n=6, k=4, batch=3, beta=0.0, c_nan=True)),
-        ("large", dict(ta="N", tb="N", m=70, n=66, k=130, batch=2)),
+    def case(name: str, label: str, trans: str, mnk: tuple[int, int, int], **keywords: Any) -> Case:
+        return matmul_case("batched_gemm", _batched_value, name, label, trans, mnk, **keywords)
+
+    cases = [
+        case(f"{pair}-gaps", f"bg-{pair}", pair, (7, 5, 6), batch=3)
+        for pair in ("NN", "TN", "NT", "TT", "CN")
+    ]
+    cases += [
+        case(name, f"bg-{name}", trans, mnk, **keywords) for name, trans, mnk, keywords in _BATCHED_EDGES
     ]
     for dt in DTYPES:
-        extra.append((SHORT[dt], dict(ta="T", tb="N", m=6, n=5, k=4, batch=3, dtype=dt)))
-        extra.append(
-            (f"nan-inf-{SHORT[dt]}", dict(ta="N", tb="T", m=5, n=4, k=3, batch=2, specials=True, dtype=dt))
-        )
-    for name, kwargs in extra:
-        cases.append(
-            Case("batched_gemm", name, functools.partial(_batched_value, label=f"bg-{name}", **kwargs))
-        )
+        cases.append(case(SHORT[dt], f"bg-{SHORT[dt]}", "TN", (6, 5, 4), batch=3, dtype=dt))
+        name = f"nan-inf-{SHORT[dt]}"
+        cases.append(case(name, f"bg-{name}", "NT", (5, 4, 3), batch=2, specials=True, dtype=dt))
     return cases
 
 

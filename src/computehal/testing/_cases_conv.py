@@ -234,88 +234,84 @@ def _adjoint_bound(cfg: ConvConfig, x: Array, f: Array, gy: Array, reach: int) -
     return 4.0 * (cfg.forward_reach + reach + 4) * EPS32 * float(np.sum(mag * np.abs(gy)))
 
 
+@dataclass(frozen=True)
+class _Gradient:
+    """One backward direction: the method, the tensor it differentiates by, and its names."""
+
+    op: str
+    wrt: str  # "x" (backward data) or "f" (backward filter)
+    inputs: tuple[str, str]  # labels of the two inputs, in call order
+    result: str
+    fd_label: str  # prefix of the seed of the finite-difference picks
+    adjoint: str  # the right-hand side of the adjoint identity, for messages
+
+
+_DATA = _Gradient(
+    "conv2d_backward_data", "x", ("grad_output", "filter"), "grad_input", "fd", "<x, backward_data(g)>"
+)
+_FILTER = _Gradient(
+    "conv2d_backward_filter", "f", ("x", "grad_output"), "grad_filter", "fdf", "<f, backward_filter(x, g)>"
+)
+
+
+def _backward_value(
+    be: ComputeBackend, d: _Gradient, name: str, cfg: ConvConfig, x: Array, f: Array, gy: Array, nan: bool
+) -> float:
+    """Run ``d.op`` on (x, f, gy) and check it against the reference, finite differences and the adjoint."""
+    by_data = d.wrt == "x"
+    primal = x if by_data else f
+    a, b = (gy, f) if by_data else (x, gy)
+    a_shape, b_shape = (cfg.y_shape, cfg.f_shape) if by_data else (cfg.x_shape, cfg.y_shape)
+    out_shape = cfg.x_shape if by_data else cfg.f_shape
+    reference = ref.conv2d_backward_data if by_data else ref.conv2d_backward_filter
+    reach = cfg.data_reach if by_data else cfg.filter_reach
+    dt = cfg.storage_dtype
+    with Workspace(be) as ws:
+        pa, pb = ws.put(storage(a, dt), label=d.inputs[0]), ws.put(storage(b, dt), label=d.inputs[1])
+        pout = ws.put(storage(np.full(out_shape, np.nan), dt), label=d.result)
+
+        def call() -> None:
+            getattr(be, d.op)(
+                pa, list(a_shape), pb, list(b_shape), pout, list(out_shape), list(cfg.stride),
+                list(cfg.padding), **cfg.keywords(),
+            )  # fmt: skip
+
+        if not call_or_refuse(be, ws, d.op, dt, call):
+            return 0.0
+        grad = ws.get(pout, out_shape, dt).astype(F64)
+        ws.check_unchanged(d.inputs)
+        y = _forward_run(be, ws, cfg, x, f) if not nan and dt == "float32" else None
+    want = reference(a, b, out_shape, cfg.stride, cfg.padding, **cfg.geometry())
+    with np.errstate(invalid="ignore"):
+        mag = reference(_finite_abs(a), _finite_abs(b), out_shape, cfg.stride, cfg.padding, **cfg.geometry())
+    tol = _tol(reach, mag, want, dt)
+    worst = assert_close(f"{d.op}: {d.result}", grad, want, tol, dtype=dt)
+    if y is not None:
+        picks = rng_for(f"{d.fd_label}-{name}").permutation(primal.size)[:96]
+
+        def loss(p: Array) -> float:
+            xx, ff = (p, f) if by_data else (x, p)
+            return float(np.sum(ref.conv2d_forward(xx, ff, cfg.stride, cfg.padding, **cfg.geometry()) * gy))
+
+        worst = max(worst, _check_finite_differences(d.op, grad, loss, primal, picks, tol))
+        _check_adjoint(d.adjoint, y, gy, primal, grad, _adjoint_bound(cfg, x, f, gy, reach))
+    return worst
+
+
 def _data_value(be: ComputeBackend, *, name: str, cfg: ConvConfig, nan: bool = False) -> float:
     x, f, gy, _ = _data(f"convbd-{name}", cfg)
     if nan:
         f[0, 0, 0, 0] = np.nan
         if not name.startswith("nan-tap"):  # that case has exactly one NaN, in the filter
             gy[0, 0, 0, -1], gy[-1, -1, -1, 0] = np.inf, np.nan
-    dt, shapes = cfg.storage_dtype, [list(cfg.y_shape), list(cfg.f_shape), list(cfg.x_shape)]
-    plain = not nan and dt == "float32"
-    with Workspace(be) as ws:
-        pgy, pf = ws.put(storage(gy, dt), label="grad_output"), ws.put(storage(f, dt), label="filter")
-        pgx = ws.put(storage(np.full(cfg.x_shape, np.nan), dt), label="grad_input")
-
-        def call() -> None:
-            be.conv2d_backward_data(
-                pgy, shapes[0], pf, shapes[1], pgx, shapes[2], list(cfg.stride), list(cfg.padding),
-                **cfg.keywords(),
-            )  # fmt: skip
-
-        if not call_or_refuse(be, ws, "conv2d_backward_data", dt, call):
-            return 0.0
-        gx = ws.get(pgx, cfg.x_shape, dt).astype(F64)
-        ws.check_unchanged(("grad_output", "filter"))
-        y = _forward_run(be, ws, cfg, x, f) if plain else None
-    want = ref.conv2d_backward_data(gy, f, cfg.x_shape, cfg.stride, cfg.padding, **cfg.geometry())
-    with np.errstate(invalid="ignore"):
-        mag = ref.conv2d_backward_data(
-            _finite_abs(gy), _finite_abs(f), cfg.x_shape, cfg.stride, cfg.padding,
-            **cfg.geometry(),
-        )  # fmt: skip
-    tol = _tol(cfg.data_reach, mag, want, dt)
-    worst = assert_close("conv2d_backward_data: grad_input", gx, want, tol, dtype=dt)
-    if y is not None:
-        picks = rng_for(f"fd-{name}").permutation(x.size)[:96]
-
-        def loss_x(xx: Array) -> float:
-            return float(np.sum(ref.conv2d_forward(xx, f, cfg.stride, cfg.padding, **cfg.geometry()) * gy))
-
-        worst = max(worst, _check_finite_differences("conv2d_backward_data", gx, loss_x, x, picks, tol))
-        bound = _adjoint_bound(cfg, x, f, gy, cfg.data_reach)
-        _check_adjoint("<x, backward_data(g)>", y, gy, x, gx, bound)
-    return worst
+    return _backward_value(be, _DATA, name, cfg, x, f, gy, nan)
 
 
 def _filter_value(be: ComputeBackend, *, name: str, cfg: ConvConfig, nan: bool = False) -> float:
     x, f, gy, _ = _data(f"convbf-{name}", cfg)
     if nan:
         x[0, 0, 0, 0], x[-1, -1, 2, 1], gy[0, -1, -1, -1] = np.nan, -np.inf, np.inf
-    dt, shapes = cfg.storage_dtype, [list(cfg.x_shape), list(cfg.y_shape), list(cfg.f_shape)]
-    plain = not nan and dt == "float32"
-    with Workspace(be) as ws:
-        px, pgy = ws.put(storage(x, dt), label="x"), ws.put(storage(gy, dt), label="grad_output")
-        pgf = ws.put(storage(np.full(cfg.f_shape, np.nan), dt), label="grad_filter")
-
-        def call() -> None:
-            be.conv2d_backward_filter(
-                px, shapes[0], pgy, shapes[1], pgf, shapes[2], list(cfg.stride), list(cfg.padding),
-                **cfg.keywords(),
-            )  # fmt: skip
-
-        if not call_or_refuse(be, ws, "conv2d_backward_filter", dt, call):
-            return 0.0
-        gf = ws.get(pgf, cfg.f_shape, dt).astype(F64)
-        ws.check_unchanged(("x", "grad_output"))
-        y = _forward_run(be, ws, cfg, x, f) if plain else None
-    want = ref.conv2d_backward_filter(x, gy, cfg.f_shape, cfg.stride, cfg.padding, **cfg.geometry())
-    with np.errstate(invalid="ignore"):
-        mag = ref.conv2d_backward_filter(
-            _finite_abs(x), _finite_abs(gy), cfg.f_shape, cfg.stride, cfg.padding,
-            **cfg.geometry(),
-        )  # fmt: skip
-    tol = _tol(cfg.filter_reach, mag, want, dt)
-    worst = assert_close("conv2d_backward_filter: grad_filter", gf, want, tol, dtype=dt)
-    if y is not None:
-        picks = rng_for(f"fdf-{name}").permutation(f.size)[:96]
-
-        def loss_f(ff: Array) -> float:
-            return float(np.sum(ref.conv2d_forward(x, ff, cfg.stride, cfg.padding, **cfg.geometry()) * gy))
-
-        worst = max(worst, _check_finite_differences("conv2d_backward_filter", gf, loss_f, f, picks, tol))
-        bound = _adjoint_bound(cfg, x, f, gy, cfg.filter_reach)
-        _check_adjoint("<f, backward_filter(x, g)>", y, gy, f, gf, bound)
-    return worst
+    return _backward_value(be, _FILTER, name, cfg, x, f, gy, nan)
 
 
 _RUNNERS: dict[str, Callable[..., float]] = {

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import numpy as np
@@ -10,7 +9,7 @@ import numpy.typing as npt
 
 from ..backend import ComputeBackend
 from . import reference as ref
-from ._cases_blas import SENTINEL, check_c, finite_abs, gemm_tol, transposed
+from ._cases_blas import SENTINEL, check_c, finite_abs, gemm_tol, matmul_case, transposed
 from ._common import EPS32, Case, call_or_refuse, colmajor, rng_for
 from .workspace import Workspace
 
@@ -76,120 +75,79 @@ def _mixed_value(
     return check_c(f"gemm_mixed_precision({prec})", got, c_flat, m, n, ldc, want, tol, F32)
 
 
-def _mixed_cases() -> list[Case]:
-    cases: list[Case] = []
+def _ties(eps: float, tie: float, small: float) -> npt.NDArray[np.float32]:
+    """Eight float32 values for a 16-bit format whose unit in the last place at 1 is ``2 * eps``.
 
-    def add(name: str, **kwargs: Any) -> None:
-        cases.append(
-            Case("gemm_mixed_precision", name, functools.partial(_mixed_value, label=f"mp-{name}", **kwargs))
-        )
-
-    for prec in ("f16", "bf16"):
-        for pair in ("NN", "TN", "NT", "TT"):
-            add(f"{prec}-{pair}-ld", prec=prec, ta=pair[0], tb=pair[1], m=23, n=19, k=64)
-        add(f"{prec}-large", prec=prec, ta="N", tb="N", m=70, n=65, k=130)
-        add(f"{prec}-beta0-nan-in-C", prec=prec, ta="N", tb="N", m=6, n=5, k=8, beta=0.0, c_nan=True)
-        add(f"{prec}-k0", prec=prec, ta="N", tb="N", m=6, n=5, k=0, beta=2.0)
-        add(f"{prec}-m0", prec=prec, ta="N", tb="N", m=0, n=5, k=3)
-    # Ties: halfway values must round to even (a round-half-up or truncating
-    # conversion gives a different C). B is the identity, so C = round(A).
+    Five lie exactly halfway between two neighbours (``1 + eps``, ``1 + 3 eps``, ``tie``,
+    ``tie + 2``, ``-(1 + eps)``: each must round to the even one), one just above a tie (it
+    rounds up), then 0.1 and ``small`` (near or below the format's smallest normal number).
+    """
     one = np.float32(1.0)
-    f16_ties = [
-        one + np.float32(2.0**-11),
-        one + np.float32(3 * 2.0**-11),
-        np.float32(2049.0),
-        np.float32(2051.0),
-        np.float32(-(1 + 2.0**-11)),
-        np.float32(1 + 2.0**-11 + 2.0**-20),
-        np.float32(0.1),
-        np.float32(1e-8),
-    ]
-    bf16_ties = [
-        one + np.float32(2.0**-8),
-        one + np.float32(3 * 2.0**-8),
-        np.float32(257.0),
-        np.float32(259.0),
-        np.float32(-(1 + 2.0**-8)),
-        np.float32(1 + 2.0**-8 + 2.0**-20),
-        np.float32(0.1),
-        np.float32(3e-39),
-    ]
-    eye = np.eye(8, dtype=F32)
-    add(
-        "f16-ties-to-even",
-        prec="f16",
-        ta="N",
-        tb="N",
-        m=1,
-        n=8,
-        k=8,
-        beta=0.0,
-        a_values=np.array(f16_ties, dtype=F32),
-        b_values=eye,
+    return np.array(
+        [
+            one + np.float32(eps),
+            one + np.float32(3 * eps),
+            np.float32(tie),
+            np.float32(tie + 2),
+            np.float32(-(1 + eps)),
+            np.float32(1 + eps + 2.0**-20),
+            np.float32(0.1),
+            np.float32(small),
+        ],
+        dtype=F32,
     )
-    add(
-        "f16-ties-columns",
-        prec="F16",
-        ta="T",
-        tb="N",
-        m=8,
-        n=1,
-        k=1,
-        beta=0.0,
-        a_values=np.array(f16_ties, dtype=F32),
-        b_values=[1.0],
-    )
-    add(
-        "bf16-ties-columns",
-        prec="BF16",
-        ta="T",
-        tb="N",
-        m=8,
-        n=1,
-        k=1,
-        beta=0.0,
-        a_values=np.array(bf16_ties, dtype=F32),
-        b_values=[1.0],
-    )
-    # Overflow to infinity and NaN propagation (k = 1, so no inf * 0 terms).
-    add(
-        "f16-overflow-nan",
-        prec="f16",
-        ta="N",
-        tb="N",
-        m=6,
-        n=2,
-        k=1,
-        beta=0.0,
-        a_values=[70000.0, 65520.0, -65520.0, 65504.0, np.nan, 65519.0],
-        b_values=[1.0, -2.0],
-    )
-    add(
-        "bf16-overflow-nan",
-        prec="bf16",
-        ta="N",
-        tb="N",
-        m=5,
-        n=2,
-        k=1,
-        beta=0.0,
-        a_values=[3.4028235e38, -3.4028235e38, 3.3895e38, np.nan, 1e38],
-        b_values=[1.0, 0.5],
-    )
+
+
+def _edge_rows() -> list[tuple[str, str, str, tuple[int, int, int], dict[str, Any]]]:
+    """Rounding edge cases: (name, precision, op(A) op(B), (m, n, k), other keywords of _mixed_value)."""
+    f16_ties, bf16_ties = _ties(2.0**-11, 2049.0, 1e-8), _ties(2.0**-8, 257.0, 3e-39)
     # NaN and infinities in a real product: k = 3, so inf meets 0 (NaN) and finite terms.
     specials = [np.nan, 1.0, -2.0, np.inf, 0.5, 0.25, -1.0, 3.0, 2.0, -np.inf, 1.5, 0.75]
+    special_b = [1.0, 0.0, 2.0, -1.0, 0.5, 0.0, 0.25, 1.0, -0.5]
+    rows: list[tuple[str, str, str, tuple[int, int, int], dict[str, Any]]] = [
+        # Ties: halfway values must round to even (a round-half-up or truncating
+        # conversion gives a different C). B is the identity, so C = round(A).
+        (
+            "f16-ties-to-even", "f16", "NN", (1, 8, 8),
+            dict(a_values=f16_ties, b_values=np.eye(8, dtype=F32), beta=0.0),
+        ),
+        ("f16-ties-columns", "F16", "TN", (8, 1, 1), dict(a_values=f16_ties, b_values=[1.0], beta=0.0)),
+        ("bf16-ties-columns", "BF16", "TN", (8, 1, 1), dict(a_values=bf16_ties, b_values=[1.0], beta=0.0)),
+        # Overflow to infinity and NaN propagation (k = 1, so no inf * 0 terms).
+        (
+            "f16-overflow-nan", "f16", "NN", (6, 2, 1),
+            dict(a_values=[70000.0, 65520.0, -65520.0, 65504.0, np.nan, 65519.0], b_values=[1.0, -2.0],
+                 beta=0.0),
+        ),
+        (
+            "bf16-overflow-nan", "bf16", "NN", (5, 2, 1),
+            dict(a_values=[3.4028235e38, -3.4028235e38, 3.3895e38, np.nan, 1e38], b_values=[1.0, 0.5],
+                 beta=0.0),
+        ),
+    ]  # fmt: skip
     for prec in ("f16", "bf16"):
-        add(
-            f"{prec}-nan-inf",
-            prec=prec,
-            ta="N",
-            tb="N",
-            m=4,
-            n=3,
-            k=3,
-            a_values=np.array(specials, dtype=F32).reshape(3, 4).T.reshape(-1),
-            b_values=np.array([1.0, 0.0, 2.0, -1.0, 0.5, 0.0, 0.25, 1.0, -0.5], dtype=F32),
+        a_values = np.array(specials, dtype=F32).reshape(3, 4).T.reshape(-1)
+        b_values = np.array(special_b, dtype=F32)
+        rows.append((f"{prec}-nan-inf", prec, "NN", (4, 3, 3), dict(a_values=a_values, b_values=b_values)))
+    return rows
+
+
+def _mixed_cases() -> list[Case]:
+    def case(name: str, prec: str, trans: str, mnk: tuple[int, int, int], **keywords: Any) -> Case:
+        return matmul_case(
+            "gemm_mixed_precision", _mixed_value, name, f"mp-{name}", trans, mnk, prec=prec, **keywords
         )
+
+    cases: list[Case] = []
+    for prec in ("f16", "bf16"):
+        cases += [case(f"{prec}-{pair}-ld", prec, pair, (23, 19, 64)) for pair in ("NN", "TN", "NT", "TT")]
+        cases += [
+            case(f"{prec}-large", prec, "NN", (70, 65, 130)),
+            case(f"{prec}-beta0-nan-in-C", prec, "NN", (6, 5, 8), beta=0.0, c_nan=True),
+            case(f"{prec}-k0", prec, "NN", (6, 5, 0), beta=2.0),
+            case(f"{prec}-m0", prec, "NN", (0, 5, 3)),
+        ]
+    cases += [case(name, prec, trans, mnk, **keywords) for name, prec, trans, mnk, keywords in _edge_rows()]
     return cases
 
 

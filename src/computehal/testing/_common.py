@@ -7,6 +7,7 @@ docstring of :mod:`computehal.testing`; :func:`storage_tol` implements the 16-bi
 from __future__ import annotations
 
 import contextvars
+import functools
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -41,6 +42,7 @@ __all__ = [
     "rng_for",
     "storage_tol",
     "tiny_of",
+    "value_case",
 ]
 
 #: Machine epsilon (2**-23) of float32: the unit in tolerances below.
@@ -167,6 +169,11 @@ class Case:
     def id(self) -> str:
         """``"<op>-<name>"``, e.g. ``"gemm-NT-ld"``."""
         return f"{self.op}-{self.name}"
+
+
+def value_case(op: str, name: str, run: Callable[..., float], /, **keywords: Any) -> Case:
+    """The case ``op``-``name`` that calls ``run(backend, **keywords)``."""
+    return Case(op, name, functools.partial(run, **keywords))
 
 
 def rng_for(label: str) -> np.random.Generator:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgumentError
-from ._spec import DTYPE_ERRORS, CallSpec, dtype_mutations, f32_block, freed_block, short_block
+from ._spec import DTYPE_ERRORS, CallSpec, Expected, dtype_mutations, f32_block, freed_block, short_block
 from .workspace import Workspace
 
 __all__ = ["SEED_BUILDERS"]
@@ -150,70 +150,46 @@ def _batched_spec(ws: Workspace, method: str) -> CallSpec:
     return spec
 
 
+#: Each convolution's positional operands in order: (argument name stem, tensor: x, f or y).
+_CONV_OPERANDS: dict[str, tuple[tuple[str, str], ...]] = {
+    "conv2d_forward": (("input", "x"), ("filter", "f"), ("output", "y")),
+    "conv2d_backward_data": (("grad_output", "y"), ("filter", "f"), ("grad_input", "x")),
+    "conv2d_backward_filter": (("input", "x"), ("grad_output", "y"), ("grad_filter", "f")),
+}
+
+
 def _conv_spec(ws: Workspace, method: str) -> CallSpec:
-    x_shape, f_shape, y_shape = [2, 3, 6, 5], [4, 3, 3, 2], [2, 4, 3, 4]
-    stride, padding = [2, 1], [1, 0]
-    nbytes = {name: int(np.prod(s)) * 4 for name, s in (("x", x_shape), ("f", f_shape), ("y", y_shape))}
-    px, pf, py = (_f32(ws, nbytes[t] // 4, t) for t in ("x", "f", "y"))
-    if method == "conv2d_forward":
-        names = ["input_ptr", "input_shape", "filter_ptr", "filter_shape", "output_ptr", "output_shape"]
-        values = dict(
-            input_ptr=px,
-            input_shape=x_shape,
-            filter_ptr=pf,
-            filter_shape=f_shape,
-            output_ptr=py,
-            output_shape=y_shape,
-        )
-        xs, fs, ys = "input_shape", "filter_shape", "output_shape"
-        pointers = {"input_ptr": nbytes["x"], "filter_ptr": nbytes["f"], "output_ptr": nbytes["y"]}
-    elif method == "conv2d_backward_data":
-        names = [
-            "grad_output_ptr",
-            "grad_output_shape",
-            "filter_ptr",
-            "filter_shape",
-            "grad_input_ptr",
-            "grad_input_shape",
-        ]
-        values = dict(
-            grad_output_ptr=py,
-            grad_output_shape=y_shape,
-            filter_ptr=pf,
-            filter_shape=f_shape,
-            grad_input_ptr=px,
-            grad_input_shape=x_shape,
-        )
-        xs, fs, ys = "grad_input_shape", "filter_shape", "grad_output_shape"
-        pointers = {"grad_output_ptr": nbytes["y"], "filter_ptr": nbytes["f"], "grad_input_ptr": nbytes["x"]}
-    else:
-        names = [
-            "input_ptr",
-            "input_shape",
-            "grad_output_ptr",
-            "grad_output_shape",
-            "grad_filter_ptr",
-            "grad_filter_shape",
-        ]
-        values = dict(
-            input_ptr=px,
-            input_shape=x_shape,
-            grad_output_ptr=py,
-            grad_output_shape=y_shape,
-            grad_filter_ptr=pf,
-            grad_filter_shape=f_shape,
-        )
-        xs, fs, ys = "input_shape", "grad_filter_shape", "grad_output_shape"
-        pointers = {"input_ptr": nbytes["x"], "grad_output_ptr": nbytes["y"], "grad_filter_ptr": nbytes["f"]}
-    values.update(stride=stride, padding=padding)
+    shapes = {"x": [2, 3, 6, 5], "f": [4, 3, 3, 2], "y": [2, 4, 3, 4]}
+    nbytes = {t: int(np.prod(shape)) * 4 for t, shape in shapes.items()}
+    ptrs = {t: _f32(ws, nbytes[t] // 4, t) for t in ("x", "f", "y")}
+    operands = _CONV_OPERANDS[method]
+    values: dict[str, Any] = {}
+    for stem, t in operands:
+        values.update({f"{stem}_ptr": ptrs[t], f"{stem}_shape": shapes[t]})
+    shape_of = {t: f"{stem}_shape" for stem, t in operands}
+    values.update(stride=[2, 1], padding=[1, 0])
     spec = CallSpec(
         method,
-        [*names, "stride", "padding"],
+        list(values),
         values,
-        pointers={name: (size, 4) for name, size in pointers.items()},
-        shapes={xs: 4, fs: 4, ys: 4, "stride": 2, "padding": 2},
+        pointers={f"{stem}_ptr": (nbytes[t], 4) for stem, t in operands},
+        shapes={**{shape_of[t]: 4 for t in ("x", "f", "y")}, "stride": 2, "padding": 2},
     )
-    spec.specific += [
+    spec.specific += _conv_mutations(shape_of["x"], shape_of["f"], shape_of["y"])
+    if method == "conv2d_forward":
+        spec.specific += [
+            ("bias-short", {"bias_ptr": short_block(ws, 4 * 3, "short bias")}, InvalidArgumentError),
+            ("bias-freed", {"bias_ptr": freed_block(ws, 16, "freed bias")}, InvalidArgumentError),
+            ("bias-misaligned", {"bias_ptr": short_block(ws, 20, "bias+2") + 2}, InvalidArgumentError),
+            ("bias-zero", {"bias_ptr": 0}, InvalidArgumentError),
+            ("bias-str", {"bias_ptr": "0x1000"}, InvalidArgumentError),
+        ]
+    return spec
+
+
+def _conv_mutations(xs: str, fs: str, ys: str) -> list[tuple[str, dict[str, Any], Expected]]:
+    """Invalid variants of the valid convolution whose shape arguments are named ``xs``, ``fs``, ``ys``."""
+    return [
         ("channel-mismatch", {fs: [4, 2, 3, 2]}, InvalidArgumentError),
         ("batch-mismatch", {ys: [1, 4, 3, 4]}, InvalidArgumentError),
         ("k-mismatch", {ys: [2, 3, 3, 4]}, InvalidArgumentError),
@@ -243,21 +219,12 @@ def _conv_spec(ws: Workspace, method: str) -> CallSpec:
         ("padding4-changes-output", {"padding": [1, 0, 1, 2]}, InvalidArgumentError),
         ("padding4-negative", {"padding": [1, 0, -1, 0]}, InvalidArgumentError),
     ]
-    if method == "conv2d_forward":
-        spec.specific += [
-            ("bias-short", {"bias_ptr": short_block(ws, 4 * 3, "short bias")}, InvalidArgumentError),
-            ("bias-freed", {"bias_ptr": freed_block(ws, 16, "freed bias")}, InvalidArgumentError),
-            ("bias-misaligned", {"bias_ptr": short_block(ws, 20, "bias+2") + 2}, InvalidArgumentError),
-            ("bias-zero", {"bias_ptr": 0}, InvalidArgumentError),
-            ("bias-str", {"bias_ptr": "0x1000"}, InvalidArgumentError),
-        ]
-    return spec
 
 
 def _attention_spec(ws: Workspace, method: str) -> CallSpec:
     b, h, sq, skv, d = 1, 2, 3, 5, 4
     q_bytes, kv_bytes = b * h * sq * d * 4, b * h * skv * d * 4
-    values = dict(
+    values: dict[str, Any] = dict(
         q_ptr=_f32(ws, q_bytes // 4, "q"),
         k_ptr=_f32(ws, kv_bytes // 4, "k"),
         v_ptr=_f32(ws, kv_bytes // 4, "v"),
@@ -272,19 +239,7 @@ def _attention_spec(ws: Workspace, method: str) -> CallSpec:
     )
     spec = CallSpec(
         method,
-        [
-            "q_ptr",
-            "k_ptr",
-            "v_ptr",
-            "o_ptr",
-            "batch",
-            "heads",
-            "seq_q",
-            "seq_kv",
-            "head_dim",
-            "scale",
-            "causal",
-        ],
+        list(values),
         values,
         pointers={
             "q_ptr": (q_bytes, 4),
@@ -313,8 +268,14 @@ def _attention_spec(ws: Workspace, method: str) -> CallSpec:
         ("kv-heads-zero", {"kv_heads": 0}, InvalidArgumentError),
         ("kv-heads-float", {"kv_heads": 1.0}, InvalidArgumentError),
     ]
+    spec.specific += _mask_mutations(ws, sq, skv)
+    return spec
+
+
+def _mask_mutations(ws: Workspace, sq: int, skv: int) -> list[tuple[str, dict[str, Any], Expected]]:
+    """Invalid attention masks for a valid call with ``seq_q = sq`` and ``seq_kv = skv``."""
     mask = _f32(ws, sq * skv, "mask")
-    spec.specific += [
+    return [
         ("mask-ptr-without-shape", {"mask_ptr": mask}, InvalidArgumentError),
         ("mask-shape-without-ptr", {"mask_shape": [sq, skv]}, InvalidArgumentError),
         ("mask-not-broadcasting", {"mask_ptr": mask, "mask_shape": [sq + 1, skv]}, InvalidArgumentError),
@@ -337,7 +298,6 @@ def _attention_spec(ws: Workspace, method: str) -> CallSpec:
             InvalidArgumentError,
         ),
     ]
-    return spec
 
 
 def _axis_spec(ws: Workspace, method: str) -> CallSpec:
