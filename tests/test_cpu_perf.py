@@ -73,21 +73,24 @@ def _within_kit_tolerance(got: Any, want: Any, mag: Any, reach: int) -> float:
     return float((err / (EPS32 * mag + tiny)).max())
 
 
+@pytest.mark.parametrize("tile", [4, 2])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_winograd_forward_within_kit_tolerance(shape: tuple[Any, ...]) -> None:
+def test_winograd_forward_within_kit_tolerance(shape: tuple[Any, ...], tile: int) -> None:
     x, f, _ = _data(shape, 1)
     pads = shape[5]
     bias = np.random.default_rng(2).standard_normal(f.shape[0]).astype(F32)
     want = _forward64(x, f, pads) + bias[None, :, None, None]
     mag = _forward64(np.abs(x), np.abs(f), pads) + np.abs(bias)[None, :, None, None]
     y = np.full(want.shape, np.nan, dtype=F32)
-    assert winograd_forward(x, f, bias, y, pads[0], pads[1])
+    assert winograd_forward(x, f, bias, y, pads[0], pads[1], tile)
     units = _within_kit_tolerance(y, want, mag, x.shape[1] * 9)
-    print(f"forward {shape}: {units:.1f} eps * |x| * |f| (kit allows {2 * (x.shape[1] * 9 + 2)})")
+    allowed = 2 * (x.shape[1] * 9 + 2)
+    print(f"F({tile}x{tile}) forward {shape}: {units:.1f} eps * |x| * |f| (kit allows {allowed})")
 
 
+@pytest.mark.parametrize("tile", [4, 2])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_winograd_backward_data_within_kit_tolerance(shape: tuple[Any, ...]) -> None:
+def test_winograd_backward_data_within_kit_tolerance(shape: tuple[Any, ...], tile: int) -> None:
     x, f, gy = _data(shape, 3)
     pt, pl, pb, pr = shape[5]
     # The data gradient is the forward convolution of gy padded by 2 - pad with the
@@ -100,9 +103,9 @@ def test_winograd_backward_data_within_kit_tolerance(shape: tuple[Any, ...]) -> 
     want = _forward64(gy, flipped, pads)[crop]
     mag = _forward64(np.abs(gy), np.abs(flipped), pads)[crop]
     gx = np.full(x.shape, np.nan, dtype=F32)
-    assert winograd_backward_data(gy, f, gx, pt, pl)
+    assert winograd_backward_data(gy, f, gx, pt, pl, tile)
     units = _within_kit_tolerance(gx, want, mag, f.shape[0] * 9)
-    print(f"backward data {shape}: {units:.1f} eps * |gy| * |f|")
+    print(f"F({tile}x{tile}) backward data {shape}: {units:.1f} eps * |gy| * |f|")
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
@@ -125,6 +128,7 @@ def test_winograd_declines_non_finite_operands(where: str, value: float) -> None
     (x if where == "input" else f)[0, 3, 2, 2] = value
     y = np.empty((1, 8, 9, 9), dtype=F32)
     assert not winograd_forward(x, f, None, y, 1, 1)
+    assert not winograd_forward(x, f, None, y, 1, 1, 2)
     gx = np.empty_like(x)
     if where == "filter":
         assert not winograd_backward_data(gy, f, gx, 1, 1)

@@ -42,6 +42,7 @@ __all__ = [
     "forward_algorithm",
     "pointwise_applies",
     "winograd_applies",
+    "winograd2_applies",
 ]
 
 #: Channels in and out below which the transforms cost more than the GEMMs save.
@@ -50,10 +51,16 @@ WINOGRAD_MIN_CHANNELS = 16
 WINOGRAD_MIN_MACS = 1 << 22
 #: Largest C * K for Winograd (the transformed filter takes 144 C K bytes of scratch).
 WINOGRAD_MAX_FILTER = 1 << 20
-#: Fewest 4x4 output tiles: below, writing and reading the transformed filter (36 C K
-#: floats each way) costs more than the GEMMs save (ResNet's 512-channel 7x7 layer at
-#: batch 8 has 32 tiles: 0.40 of sgemm by Winograd, 0.54 by im2col, single core).
+#: Fewest output tiles of a Winograd variant: below, writing and reading the transformed
+#: filter costs more than the GEMMs save, and the GEMMs are too narrow (ResNet's
+#: 512-channel 7x7 layer at batch 8 has 32 4x4 tiles: 0.40 of sgemm by F(4x4, 3x3),
+#: 0.54-0.69 by im2col, single core; it has 128 2x2 tiles, for F(2x2, 3x3)).
 WINOGRAD_MIN_TILES = 64
+#: Fewest 2x2 tiles of F(2x2, 3x3): its filter transform (16 C K floats written, read
+#: back by the GEMMs) only pays off over many tiles. ResNet's 512-channel 7x7 layer,
+#: one core: batch 8 (128 tiles) 20.5 ms vs 16.7 ms by im2col; batch 32 (512 tiles)
+#: 46 ms vs 62 ms.
+WINOGRAD2_MIN_TILES = 256
 #: Multiply-adds below which the general paths' single call costs less than a task split.
 GEMM_MIN_MACS = 1 << 18
 
@@ -91,13 +98,18 @@ def forward_algorithm(p: v.ConvProblem, f: FloatArray) -> str:
         return "pointwise"
     if winograd_applies(p):
         return "winograd"
+    if winograd2_applies(p):
+        return "winograd2"
     if _im2col_applies(p, f):
         return "im2col"
     return ""
 
 
-def winograd_applies(p: v.ConvProblem) -> bool:
-    """True when the Winograd F(4x4, 3x3) kernels compute ``p``."""
+def _tiles(p: v.ConvProblem, tile: int) -> int:
+    return p.n * -(-p.oh // tile) * -(-p.ow // tile)
+
+
+def _winograd_shape(p: v.ConvProblem) -> bool:
     return (
         p.dtype == np.float32
         and p.groups == 1
@@ -106,9 +118,23 @@ def winograd_applies(p: v.ConvProblem) -> bool:
         and p.dh == p.dw == 1
         and min(p.c, p.k) >= WINOGRAD_MIN_CHANNELS
         and p.c * p.k <= WINOGRAD_MAX_FILTER
-        and p.n * -(-p.oh // 4) * -(-p.ow // 4) >= WINOGRAD_MIN_TILES
         and p.n * p.oh * p.ow * p.c * p.k * 9 >= WINOGRAD_MIN_MACS
         and kernels("_winograd") is not None
+    )
+
+
+def winograd_applies(p: v.ConvProblem) -> bool:
+    """True when the Winograd F(4x4, 3x3) kernels compute ``p``."""
+    return _winograd_shape(p) and _tiles(p, 4) >= WINOGRAD_MIN_TILES
+
+
+def winograd2_applies(p: v.ConvProblem) -> bool:
+    """True when F(2x2, 3x3) computes ``p``: too few 4x4 tiles, many 2x2 ones (small images, large batch)."""
+    return (
+        _winograd_shape(p)
+        and _tiles(p, 4) < WINOGRAD_MIN_TILES
+        and _tiles(p, 2) >= WINOGRAD2_MIN_TILES
+        and kernels("_winograd2") is not None
     )
 
 
@@ -120,9 +146,10 @@ def fast_forward(
     if algorithm == "pointwise":
         pointwise_forward(x, f, bias, y, p.sh, p.sw)
         return True
-    if algorithm == "winograd" and winograd_forward(x, f, bias, y, p.ph, p.pw):
-        return True
-    if algorithm == "im2col" or (algorithm == "winograd" and _im2col_applies(p, f)):
+    if algorithm in ("winograd", "winograd2"):
+        if winograd_forward(x, f, bias, y, p.ph, p.pw, 2 if algorithm == "winograd2" else 4):
+            return True
+    if algorithm == "im2col" or (algorithm.startswith("winograd") and _im2col_applies(p, f)):
         im2col_forward(x, f, bias, y, (p.ph, p.pw, p.sh, p.sw, p.dh, p.dw))
         return True
     return False
@@ -134,6 +161,8 @@ def fast_backward_data(p: v.ConvProblem, gy: FloatArray, f: FloatArray, gx: Floa
         pointwise_backward_data(gy, f, gx, p.sh, p.sw)
         return True
     if winograd_applies(p) and winograd_backward_data(gy, f, gx, p.ph, p.pw):
+        return True
+    if winograd2_applies(p) and winograd_backward_data(gy, f, gx, p.ph, p.pw, 2):
         return True
     if p.sh == p.sw == 1 and p.oh * p.ow < 256 and _im2col_applies(p, f) and np.isfinite(f).all():
         # Stride 1, small images: the forward convolution of gy with the flipped filter,

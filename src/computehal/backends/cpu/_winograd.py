@@ -58,6 +58,7 @@ __all__ = [
     "filter_transform",
     "filter_untransform",
     "non_finite",
+    "taps_last",
     "warm_up",
 ]
 
@@ -156,6 +157,47 @@ def filter_untransform(du, out, c0, c1, tmp):
             _gt_lines(src, b * cin + c, 6 * cin, rows, b, 6, kout)
         for r in range(3):
             _gt_lines(rows, r * 6, 1, dst, c * 9 + r * 3, 1, kout)
+
+
+@jit
+def taps_last(f, out, flip):
+    """Filters ``f`` [K, C, 3, 3] rearranged for the transforms (8 x 8 register transposes).
+
+    Without ``flip``: ``out`` [C, 3, 3, K] (the forward filters, taps then output
+    channels). With ``flip``: ``out`` [K, 3, 3, C] holding ``f[k, c, 2 - r, 2 - s]`` (the
+    data gradient's filters: K and C swapped, taps reversed).
+    """
+    kout, cin = f.shape[0], f.shape[1]
+    src = f.reshape(-1)
+    dst = out.reshape(-1)
+    if not flip:
+        # A plain transpose of the [K, 9 C] matrix, in bands of 64 columns so that each
+        # destination line is completed while it is in cache.
+        rows, cols = kout, 9 * cin
+        r8, c8 = rows - rows % 8, cols - cols % 8
+        for c0 in range(0, c8, 64):
+            for r in range(0, r8, 8):
+                for c in range(c0, min(c8, c0 + 64), 8):
+                    transpose8(src, r * cols + c, cols, dst, c * rows + r, rows)
+        for r in range(r8, rows):
+            for c in range(cols):
+                dst[c * rows + r] = src[r * cols + c]
+        for r in range(r8):
+            for c in range(c8, cols):
+                dst[c * rows + r] = src[r * cols + c]
+        return
+    # Per output channel k: the [C, 9] block transposed into [9, C], its rows reversed.
+    c8 = cin - cin % 8
+    for k in range(kout):
+        base = k * cin * 9
+        for c in range(0, c8, 8):
+            # Taps 0..7 of channels c..c+7 -> rows 8..1 (stride -C).
+            transpose8(src, base + c * 9, 9, dst, base + 8 * cin + c, -cin)
+        for c in range(c8, cin):
+            for t in range(8):
+                dst[base + (8 - t) * cin + c] = src[base + c * 9 + t]
+        for c in range(cin):
+            dst[base + c] = src[base + c * 9 + 8]
 
 
 @jit
@@ -480,6 +522,8 @@ def warm_up() -> None:
     filter_untransform(u, f, 0, 1, tmp)
     work = np.zeros(input_item_scratch(1, 1, 1) + output_item_scratch(1, 1, 1), dtype=_F)
     non_finite(work[:4])
+    taps_last(np.zeros((1, 1, 3, 3), dtype=_F), f, False)
+    taps_last(np.zeros((1, 1, 3, 3), dtype=_F), f, True)
     v = np.zeros(36, dtype=_F)
     input_item(x, 0, 0, 1, 1, 1, 1, v, 1, 0, work)
     position_gemms(u, v, v, 0, 36, 1, 1, 1)
