@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from ._context import BenchContext, relative_error
 from ._groups import register_group
-from ._harness import Case, ValueCase
+from ._harness import Case, ValueCase, compute_case
 
 __all__ = ["attention_cases"]
 
@@ -87,19 +87,7 @@ def _case(
         limit = ctx.ceilings.compute
     moved = 4.0 * (2 * q.size + k.size + v.size + (0 if bias is None else bias.size))
     params = f"B={b} H={h} S={s} D={d} {variant}" + (f" kv_heads={kvh}" if grouped else "")
-    return Case(
-        "attention",
-        params,
-        run,
-        "GFLOP/s",
-        flops,
-        limit,
-        target,
-        flops=flops,
-        bytes_moved=moved,
-        verify=verify,
-        tolerance=1e-4,
-    )
+    return compute_case("attention", params, run, flops, moved, limit, target, verify=verify)
 
 
 def _memory_case(ctx: BenchContext) -> ValueCase:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 
@@ -22,20 +21,6 @@ __all__ = ["norm_cases", "reduce_cases"]
 F32 = np.float32
 
 
-def _case(ctx: BenchContext, op: str, params: str, fn: Any, moved: float, flops: float) -> Case:
-    return Case(
-        op,
-        params,
-        fn,
-        "GB/s",
-        moved,
-        ctx.ceilings.bandwidth,
-        ctx.target("bandwidth"),
-        flops=flops,
-        bytes_moved=moved,
-    )
-
-
 def reduce_cases(ctx: BenchContext) -> Iterator[Case]:
     """Softmax and log-softmax over both axes, sum / max / mean reductions over both axes."""
     be = ctx.backend
@@ -45,11 +30,12 @@ def reduce_cases(ctx: BenchContext) -> Iterator[Case]:
         for axis in (0, 1):
             fn = functools.partial(be.softmax, pm, pout, (m, m), axis, log=log)
             label = "log-softmax" if log else "softmax"
-            yield _case(ctx, "softmax", f"{label} {m}x{m} axis {axis}", fn, 8.0 * m * m, 5.0 * m * m)
+            yield ctx.bandwidth_case("softmax", f"{label} {m}x{m} axis {axis}", fn, 8.0 * m * m, 5.0 * m * m)
     for rop in (ReduceOp.SUM, ReduceOp.MAX, ReduceOp.MEAN):
         for axis in (0, 1):
             fn = functools.partial(be.reduce, rop, pm, pr, (m, m), axis)
-            yield _case(ctx, "reduce", f"{rop.value} {m}x{m} axis {axis}", fn, 4.0 * m * (m + 1), m * m)
+            moved = 4.0 * m * (m + 1)
+            yield ctx.bandwidth_case("reduce", f"{rop.value} {m}x{m} axis {axis}", fn, moved, m * m)
 
 
 def norm_cases(ctx: BenchContext) -> Iterator[Case]:
@@ -64,22 +50,22 @@ def norm_cases(ctx: BenchContext) -> Iterator[Case]:
         moved = 4.0 * (2 * rows * cols + 2 * cols)
         for op in ("layer_norm", "rms_norm"):
             fn = functools.partial(getattr(be, op), px, py, rows, cols, 1e-5, scale_ptr=scale, bias_ptr=bias)
-            yield _case(ctx, op, f"{rows}x{cols} scale+bias", fn, moved, 5.0 * rows * cols)
+            yield ctx.bandwidth_case(op, f"{rows}x{cols} scale+bias", fn, moved, 5.0 * rows * cols)
     shape = ctx.sizes.pool
     count, channels = math.prod(shape), shape[1]
     with ctx.scope():
         px, py = ctx.put(ctx.rng.standard_normal(shape, dtype=F32)), ctx.empty(4 * count)
         scale, bias, mean, var = (ctx.put(ctx.rng.uniform(0.5, 1.5, channels).astype(F32)) for _ in range(4))
         fn = functools.partial(be.batch_norm, px, shape, scale, bias, mean, var, py, 1e-5)
-        yield _case(
-            ctx, "batch_norm", "x".join(map(str, shape)), fn, 4.0 * (2 * count + 4 * channels), 2.0 * count
+        yield ctx.bandwidth_case(
+            "batch_norm", "x".join(map(str, shape)), fn, 4.0 * (2 * count + 4 * channels), 2.0 * count
         )
     shape = ctx.sizes.lrn
     count = math.prod(shape)
     with ctx.scope():
         px, py = ctx.put(ctx.rng.standard_normal(shape, dtype=F32)), ctx.empty(4 * count)
         fn = functools.partial(be.lrn, px, py, shape, 5, 1e-4, 0.75, 2.0)
-        yield _case(ctx, "lrn", "x".join(map(str, shape)) + " size 5", fn, 8.0 * count, 12.0 * count)
+        yield ctx.bandwidth_case("lrn", "x".join(map(str, shape)) + " size 5", fn, 8.0 * count, 12.0 * count)
 
 
 register_group("reduce", reduce_cases, description="reduce sum/max/mean, softmax, log-softmax", default=True)

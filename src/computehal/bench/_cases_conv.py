@@ -22,7 +22,7 @@ import numpy.typing as npt
 from ..types import PoolOp
 from ._context import BenchContext, relative_error
 from ._groups import register_group
-from ._harness import Case
+from ._harness import Case, compute_case
 
 __all__ = ["conv_cases", "pool_cases"]
 
@@ -59,16 +59,14 @@ def _forward_case(
     def check() -> float:
         return relative_error(ctx.read(py, ys)[0], conv_reference(x[0], w, stride, pad))
 
-    return Case(
+    return compute_case(
         "conv2d_forward",
         f"{label}N={n} C={c} K={k} {hw}x{hw} {f}x{f} s{stride}",
         functools.partial(ctx.backend.conv2d_forward, px, xs, pf, fs, py, ys, (stride, stride), (pad, pad)),
-        "GFLOP/s",
         flops,
+        4.0 * (math.prod(xs) + math.prod(fs) + math.prod(ys)),
         ctx.ceilings.compute,
         ctx.target("conv_forward"),
-        flops=flops,
-        bytes_moved=4.0 * (math.prod(xs) + math.prod(fs) + math.prod(ys)),
         verify=check if verify else None,
     )
 
@@ -95,17 +93,7 @@ def _gradient_cases(ctx: BenchContext) -> Iterator[Case]:
             functools.partial(be.conv2d_backward_filter, px, xs, py, ys, pgf, fs, one, pad),
         ),
     ):
-        yield Case(
-            op,
-            params,
-            fn,
-            "GFLOP/s",
-            flops,
-            ctx.ceilings.compute,
-            ctx.target("conv_backward"),
-            flops=flops,
-            bytes_moved=moved,
-        )
+        yield compute_case(op, params, fn, flops, moved, ctx.ceilings.compute, ctx.target("conv_backward"))
 
 
 #: ResNet-50's convolutions: (label, C, K, H=W, filter, stride).

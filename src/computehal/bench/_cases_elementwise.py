@@ -29,20 +29,6 @@ _UNARY_KEYWORDS: dict[UnaryOp, dict[str, Any]] = {
 }
 
 
-def _case(ctx: BenchContext, op: str, params: str, fn: Any, moved: float, flops: float) -> Case:
-    return Case(
-        op,
-        params,
-        fn,
-        "GB/s",
-        moved,
-        ctx.ceilings.bandwidth,
-        ctx.target("bandwidth"),
-        flops=flops,
-        bytes_moved=moved,
-    )
-
-
 def _broadcast_shapes(n: int) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
     cols = min(1024, n)
     rows = max(1, n // cols)
@@ -69,15 +55,16 @@ def elementwise_cases(ctx: BenchContext) -> Iterator[Case]:
     )
     for op in UnaryOp:
         fn = functools.partial(be.unary, op, pa, pout, n, **_UNARY_KEYWORDS.get(op, {}))
-        yield _case(ctx, "unary", f"{op.value} {size} f32", fn, 8.0 * n, n)
+        yield ctx.bandwidth_case("unary", f"{op.value} {size} f32", fn, 8.0 * n, n)
     for bop in BinaryOp:
         fn = functools.partial(be.binary, bop, pa, pb, pout, n)
-        yield _case(ctx, "binary", f"{bop.value} {size} f32", fn, 12.0 * n, n)
+        yield ctx.bandwidth_case("binary", f"{bop.value} {size} f32", fn, 12.0 * n, n)
     for name, a_shape, b_shape in _broadcast_shapes(n):
         count = math.prod(a_shape)
         fn = functools.partial(be.broadcast_binary, name, pa, a_shape, pb, b_shape, pout, a_shape)
         moved = 4.0 * (2 * count + math.prod(b_shape))
-        yield _case(ctx, "broadcast_binary", f"{name} {_dims(a_shape)} {_dims(b_shape)}", fn, moved, count)
+        params = f"{name} {_dims(a_shape)} {_dims(b_shape)}"
+        yield ctx.bandwidth_case("broadcast_binary", params, fn, moved, count)
     p16 = ctx.put(x.astype(np.float16))
     pbf = ctx.put(x.astype(ml_dtypes.bfloat16))
     for src, dst, ptr in (
@@ -88,7 +75,7 @@ def elementwise_cases(ctx: BenchContext) -> Iterator[Case]:
     ):
         fn = functools.partial(be.cast, ptr, pout, n, dtype=src, out_dtype=dst)
         moved = float(n * (np.dtype(_np(src)).itemsize + np.dtype(_np(dst)).itemsize))
-        yield _case(ctx, "cast", f"{src} -> {dst} {size}", fn, moved, n)
+        yield ctx.bandwidth_case("cast", f"{src} -> {dst} {size}", fn, moved, n)
 
 
 def _dims(shape: tuple[int, ...]) -> str:

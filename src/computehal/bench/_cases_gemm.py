@@ -17,7 +17,7 @@ import numpy as np
 
 from ._context import BenchContext, relative_error
 from ._groups import register_group
-from ._harness import Case, Limit, Target
+from ._harness import Case, Limit, Target, compute_case
 
 __all__ = ["gemm_cases"]
 
@@ -47,16 +47,14 @@ def _gemm_case(ctx: BenchContext, dtype: str, n: int) -> Case:
 
     limit, target = _against(ctx, ctx.ceilings.vendor.gemm(dtype, n), "gemm")
     flops = 2.0 * n**3
-    return Case(
+    return compute_case(
         "gemm",
         f"{_SHORT[dtype]} {n}^3",
         functools.partial(be.gemm, "N", "N", n, n, n, 1.0, pa, n, pb, n, 0.0, pc, n, dtype=dtype),
-        "GFLOP/s",
         flops,
+        3.0 * n * n * a.itemsize,
         limit,
         target,
-        flops=flops,
-        bytes_moved=3.0 * n * n * a.itemsize,
         verify=verify,
         tolerance=_TOLERANCE[dtype],
     )
@@ -84,18 +82,8 @@ def _batched_case(ctx: BenchContext) -> Case:
 
     limit, target = _against(ctx, ctx.ceilings.vendor.batched_gemm(count, d), "batched_gemm")
     flops = 2.0 * count * d**3
-    return Case(
-        "batched_gemm",
-        f"f32 {count} x {d}^3",
-        run,
-        "GFLOP/s",
-        flops,
-        limit,
-        target,
-        flops=flops,
-        bytes_moved=3.0 * a.nbytes,
-        verify=verify,
-    )
+    params = f"f32 {count} x {d}^3"
+    return compute_case("batched_gemm", params, run, flops, 3.0 * a.nbytes, limit, target, verify)
 
 
 def _mixed_case(ctx: BenchContext, n: int) -> Case:
@@ -115,18 +103,15 @@ def _mixed_case(ctx: BenchContext, n: int) -> Case:
     vendor = ctx.ceilings.vendor.gemm_mixed_precision("bf16", n)
     limit, target = _against(ctx, vendor, "gemm_mixed_precision")
     flops = 2.0 * n**3
-    return Case(
+    return compute_case(
         "gemm_mixed_precision",
         f"bf16 {n}^3",
         functools.partial(be.gemm_mixed_precision, "bf16", "N", "N", n, n, n, 1.0, pa, n, pb, n, 0.0, pc, n),
-        "GFLOP/s",
         flops,
+        3.0 * n * n * 4,
         limit,
         target,
-        flops=flops,
-        bytes_moved=3.0 * n * n * 4,
         verify=verify,
-        tolerance=1e-4,
     )
 
 

@@ -32,9 +32,7 @@ def _case(
     limit: Limit | None = None,
     target: Target | None = None,
 ) -> Case:
-    if limit is None:
-        limit, target = ctx.ceilings.bandwidth, ctx.target("bandwidth")
-    return Case(op, params, fn, "GB/s", moved, limit, target, flops=moved / 8, bytes_moved=moved)
+    return ctx.bandwidth_case(op, params, fn, moved, moved / 8, limit, target)
 
 
 def _copies(ctx: BenchContext) -> Iterator[Case]:

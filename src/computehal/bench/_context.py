@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -11,7 +11,7 @@ import numpy.typing as npt
 
 from ..backend import ComputeBackend
 from ._ceilings import Ceilings
-from ._harness import Target
+from ._harness import Case, Limit, Target
 from ._sizes import Profile, Sizes
 from ._targets import target_for
 
@@ -68,6 +68,22 @@ class BenchContext:
     def target(self, key: str) -> Target | None:
         """The target of rows of kind ``key`` on this profile (see :mod:`~computehal.bench._targets`)."""
         return target_for(self.profile, key)
+
+    def bandwidth_case(
+        self,
+        op: str,
+        params: str,
+        run: Callable[[], object],
+        moved: float,
+        flops: float,
+        limit: Limit | None = None,
+        target: Target | None = None,
+    ) -> Case:
+        """A row in GB/s moving ``moved`` bytes a call, held against the device's bandwidth unless
+        ``limit`` (with its ``target``) is given."""
+        if limit is None:
+            limit, target = self.ceilings.bandwidth, self.target("bandwidth")
+        return Case(op, params, run, "GB/s", moved, limit, target, flops=flops, bytes_moved=moved)
 
     def synchronize(self) -> None:
         """Wait for the backend's work."""

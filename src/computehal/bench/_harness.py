@@ -36,6 +36,7 @@ __all__ = [
     "Limit",
     "Target",
     "ValueCase",
+    "compute_case",
     "interleaved",
     "measure",
 ]
@@ -140,6 +141,24 @@ class Case:
     verify: Callable[[], float] | None = None
     tolerance: float = 1e-4
     synchronize: Callable[[], object] | None = None
+
+
+def compute_case(
+    op: str,
+    params: str,
+    run: Callable[[], object],
+    flops: float,
+    moved: float,
+    limit: Limit | None,
+    target: Target | None,
+    verify: Callable[[], float] | None = None,
+    tolerance: float = 1e-4,
+) -> Case:
+    """A row in GFLOP/s doing ``flops`` a call (``moved`` bytes a call places it on the roofline)."""
+    return Case(
+        op, params, run, "GFLOP/s", flops, limit, target, flops=flops, bytes_moved=moved, verify=verify,
+        tolerance=tolerance,
+    )  # fmt: skip
 
 
 @dataclass
