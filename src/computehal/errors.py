@@ -21,46 +21,44 @@ class BackendError(Exception):
     """Base class of every error a :class:`~computehal.ComputeBackend` raises."""
 
 
-class UnsupportedError(BackendError):
+class _MessageError(BackendError):
+    """An error carrying a message ``msg``; ``str()`` is ``"<PREFIX>: <msg>"``."""
+
+    PREFIX = ""
+
+    def __init__(self, msg: str) -> None:
+        super().__init__(msg)
+        self.msg = msg
+
+    def __str__(self) -> str:
+        return f"{self.PREFIX}: {self.msg}"
+
+
+class UnsupportedError(_MessageError):
     """The backend cannot perform this operation or data type at all.
 
     ``str()`` is ``"unsupported operation: <msg>"``.
     """
 
-    def __init__(self, msg: str) -> None:
-        super().__init__(msg)
-        self.msg = msg
-
-    def __str__(self) -> str:
-        return f"unsupported operation: {self.msg}"
+    PREFIX = "unsupported operation"
 
 
-class DeviceError(BackendError):
+class DeviceError(_MessageError):
     """The device or its driver reported a failure.
 
     ``str()`` is ``"device error: <msg>"``.
     """
 
-    def __init__(self, msg: str) -> None:
-        super().__init__(msg)
-        self.msg = msg
-
-    def __str__(self) -> str:
-        return f"device error: {self.msg}"
+    PREFIX = "device error"
 
 
-class InvalidArgumentError(BackendError, ValueError):
+class InvalidArgumentError(_MessageError, ValueError):
     """An argument is out of range, inconsistent, or names invalid memory.
 
     ``str()`` is ``"invalid argument: <msg>"``.
     """
 
-    def __init__(self, msg: str) -> None:
-        super().__init__(msg)
-        self.msg = msg
-
-    def __str__(self) -> str:
-        return f"invalid argument: {self.msg}"
+    PREFIX = "invalid argument"
 
 
 class OutOfMemoryError(BackendError, MemoryError):

@@ -25,18 +25,17 @@ Selection rules
 
 from __future__ import annotations
 
-import enum
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from .errors import UnsupportedError
-from .types import Capabilities, OpClass, coerce_enum
+from .types import Capabilities, OpClass, ValueEnum, coerce_enum
 
 __all__ = ["BackendKind", "SelectionRequest", "BackendEntry", "BackendRegistry"]
 
 
-class BackendKind(enum.Enum):
+class BackendKind(ValueEnum):
     """The kinds of compute backend, with the priority used to choose between them."""
 
     CUDA = "cuda"
@@ -83,9 +82,6 @@ class BackendKind(enum.Enum):
             return cls(key)
         except ValueError:
             return _ALIASES.get(key)
-
-    def __str__(self) -> str:
-        return self.value
 
 
 _PRIORITY: dict[BackendKind, int] = {

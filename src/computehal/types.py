@@ -27,10 +27,18 @@ __all__ = [
     "round_to_f16",
     "round_to_bf16",
     "coerce_enum",
+    "ValueEnum",
 ]
 
 
-class BackendTranspose(enum.Enum):
+class ValueEnum(enum.Enum):
+    """An enumeration whose ``str()`` is its value (``str(BinaryOp.ADD) == "add"``)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class BackendTranspose(ValueEnum):
     """How a GEMM operand is read: as stored, transposed, or conjugate-transposed.
 
     For real data ``CONJ_TRANS`` is the same as ``TRANS``.
@@ -45,11 +53,8 @@ class BackendTranspose(enum.Enum):
         """True for ``TRANS`` and ``CONJ_TRANS``."""
         return self is not BackendTranspose.NO_TRANS
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class ReduceOp(enum.Enum):
+class ReduceOp(ValueEnum):
     """Reduction applied along one axis by :meth:`ComputeBackend.reduce`."""
 
     SUM = "sum"
@@ -57,11 +62,8 @@ class ReduceOp(enum.Enum):
     MIN = "min"
     MEAN = "mean"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class UnaryOp(enum.Enum):
+class UnaryOp(ValueEnum):
     """Element-wise function applied by :meth:`ComputeBackend.unary`."""
 
     RELU = "relu"
@@ -84,11 +86,8 @@ class UnaryOp(enum.Enum):
     LEAKY_RELU = "leaky_relu"
     CLIP = "clip"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class BinaryOp(enum.Enum):
+class BinaryOp(ValueEnum):
     """Element-wise function of two operands applied by :meth:`ComputeBackend.binary`."""
 
     ADD = "add"
@@ -100,31 +99,22 @@ class BinaryOp(enum.Enum):
     # computehal extension
     POW = "pow"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class PoolOp(enum.Enum):
+class PoolOp(ValueEnum):
     """Window function of :meth:`ComputeBackend.pool2d` (a computehal extension)."""
 
     MAX = "max"
     AVG = "avg"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class MixedPrecision(enum.Enum):
+class MixedPrecision(ValueEnum):
     """16-bit storage format of the operands of a mixed-precision GEMM."""
 
     F16 = "f16"
     BF16 = "bf16"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class MemoryKind(enum.Enum):
+class MemoryKind(ValueEnum):
     """Where a device's memory lives, as seen from the host."""
 
     DEVICE = "device"
@@ -132,11 +122,8 @@ class MemoryKind(enum.Enum):
     UNIFIED = "unified"
     HOST = "host"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class OpClass(enum.Enum):
+class OpClass(ValueEnum):
     """Families of operations, used by :meth:`BackendRegistry.route`."""
 
     MATMUL = "matmul"
@@ -145,9 +132,6 @@ class OpClass(enum.Enum):
     REDUCTION = "reduction"
     ELEMENTWISE = "elementwise"
     MEMORY = "memory"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 E = TypeVar("E", bound=enum.Enum)
