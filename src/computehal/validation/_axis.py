@@ -139,6 +139,21 @@ class NormProblem(Problem):
     dtype: np.dtype[Any]
 
 
+def _eps(eps: object) -> float:
+    e = as_finite("eps", eps)
+    if e < 0:
+        raise InvalidArgumentError(f"eps must be >= 0, got {e}")
+    return e
+
+
+def _channel_shape(shape: object) -> tuple[tuple[int, ...], int, int, int]:
+    """``shape`` (N, C, ...) checked, with N, C and the product of the remaining dimensions."""
+    dims = as_shape("shape", shape)
+    if len(dims) < 2:
+        raise InvalidArgumentError(f"shape must have at least 2 dimensions (N, C, ...), got {list(dims)}")
+    return dims, dims[0], dims[1], math.prod(dims[2:])
+
+
 def _norm(
     lease: Lease,
     rms: bool,
@@ -153,9 +168,7 @@ def _norm(
 ) -> NormProblem:
     dt = float_dtype(dtype)
     r, c = as_count("rows", rows), as_count("cols", cols)
-    e = as_finite("eps", eps)
-    if e < 0:
-        raise InvalidArgumentError(f"eps must be >= 0, got {e}")
+    e = _eps(eps)
     src, dst = as_pointer("input_ptr", input_ptr), as_pointer("output_ptr", output_ptr)
     sp = None if scale_ptr is None else as_pointer("scale_ptr", scale_ptr)
     bp = None if bias_ptr is None else as_pointer("bias_ptr", bias_ptr)
@@ -244,18 +257,11 @@ def batch_norm(
 ) -> BatchNormProblem:
     """Validate ``batch_norm``."""
     dt = float_dtype(dtype)
-    dims = as_shape("shape", shape)
-    if len(dims) < 2:
-        raise InvalidArgumentError(f"shape must have at least 2 dimensions (N, C, ...), got {list(dims)}")
-    e = as_finite("eps", eps)
-    if e < 0:
-        raise InvalidArgumentError(f"eps must be >= 0, got {e}")
+    dims, n, c, spatial = _channel_shape(shape)
+    e = _eps(eps)
     names = ("input_ptr", "scale_ptr", "bias_ptr", "mean_ptr", "var_ptr", "output_ptr")
-    ptrs = [
-        as_pointer(n, p)
-        for n, p in zip(names, (input_ptr, scale_ptr, bias_ptr, mean_ptr, var_ptr, output_ptr), strict=False)
-    ]
-    n, c, spatial = dims[0], dims[1], math.prod(dims[2:])
+    given = (input_ptr, scale_ptr, bias_ptr, mean_ptr, var_ptr, output_ptr)
+    ptrs = [as_pointer(name, p) for name, p in zip(names, given, strict=True)]
     size = dt.itemsize
     total = n * c * spatial * size
     x = lease.resolve("input_ptr", ptrs[0], total, align=size)
@@ -301,15 +307,12 @@ def lrn(
 ) -> LrnProblem:
     """Validate ``lrn``."""
     dt = float_dtype(dtype)
-    dims = as_shape("shape", shape)
-    if len(dims) < 2:
-        raise InvalidArgumentError(f"shape must have at least 2 dimensions (N, C, ...), got {list(dims)}")
+    dims, n, c, spatial = _channel_shape(shape)
     window = as_count("size", size)
     if window < 1:
         raise InvalidArgumentError(f"size must be >= 1, got {window}")
     al, be, bi = as_finite("alpha", alpha), as_finite("beta", beta), as_finite("bias", bias)
     src, dst = as_pointer("input_ptr", input_ptr), as_pointer("output_ptr", output_ptr)
-    n, c, spatial = dims[0], dims[1], math.prod(dims[2:])
     isz = dt.itemsize
     x = lease.resolve("input_ptr", src, n * c * spatial * isz, align=isz)
     y = lease.resolve("output_ptr", dst, n * c * spatial * isz, align=isz)
