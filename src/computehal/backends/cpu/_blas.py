@@ -37,47 +37,24 @@ def _address(name: str) -> int:
 
 
 @functools.cache
-def _gemv_routine(name: str) -> Callable[..., None]:
-    scalar = ctypes.c_double if name.startswith("d") else ctypes.c_float
+def _routine(name: str, flags: int, sizes: int) -> Callable[..., None]:
+    """The Fortran BLAS routine ``name``: ``flags`` char arguments (transposes), ``sizes`` integer
+    sizes, then ``alpha, A, lda, B, ldb, beta, C, ldc`` (gemv: ``x, incx`` and ``y, incy``)."""
+    scalar = ctypes.POINTER(ctypes.c_double if name.startswith("d") else ctypes.c_float)
     prototype = ctypes.CFUNCTYPE(
         None,
-        ctypes.c_char_p,
-        _c_int_p,
-        _c_int_p,
-        ctypes.POINTER(scalar),
+        *(ctypes.c_char_p,) * flags,
+        *(_c_int_p,) * sizes,
+        scalar,
         ctypes.c_void_p,
         _c_int_p,
         ctypes.c_void_p,
         _c_int_p,
-        ctypes.POINTER(scalar),
+        scalar,
         ctypes.c_void_p,
         _c_int_p,
     )
     function: Callable[..., None] = prototype(_address(name))
-    return function
-
-
-@functools.cache
-def _routine(name: str) -> Callable[..., None]:
-    address = _address(name)
-    scalar = ctypes.c_double if name.startswith("d") else ctypes.c_float
-    prototype = ctypes.CFUNCTYPE(
-        None,
-        ctypes.c_char_p,
-        ctypes.c_char_p,
-        _c_int_p,
-        _c_int_p,
-        _c_int_p,
-        ctypes.POINTER(scalar),
-        ctypes.c_void_p,
-        _c_int_p,
-        ctypes.c_void_p,
-        _c_int_p,
-        ctypes.POINTER(scalar),
-        ctypes.c_void_p,
-        _c_int_p,
-    )
-    function: Callable[..., None] = prototype(address)
     return function
 
 
@@ -102,7 +79,7 @@ def gemm_at(
     The caller guarantees the BLAS quick-return cases are handled and that every
     operand range is inside live memory; this function only marshals arguments.
     """
-    routine = _routine("dgemm" if dtype == np.float64 else "sgemm")
+    routine = _routine("dgemm" if dtype == np.float64 else "sgemm", 2, 3)
     scalar = ctypes.c_double if dtype == np.float64 else ctypes.c_float
     routine(
         b"T" if trans_a else b"N",
@@ -140,7 +117,7 @@ def gemv_at(
     ``A`` is stored ``rows x cols`` column-major with leading dimension ``lda``; like
     :func:`gemm_at`, the caller has validated every range and handled quick returns.
     """
-    routine = _gemv_routine("dgemv" if dtype == np.float64 else "sgemv")
+    routine = _routine("dgemv" if dtype == np.float64 else "sgemv", 1, 2)
     scalar = ctypes.c_double if dtype == np.float64 else ctypes.c_float
     routine(
         b"T" if trans else b"N",
