@@ -79,23 +79,7 @@ def gemm_at(
     The caller guarantees the BLAS quick-return cases are handled and that every
     operand range is inside live memory; this function only marshals arguments.
     """
-    routine = _routine("dgemm" if dtype == np.float64 else "sgemm", 2, 3)
-    scalar = ctypes.c_double if dtype == np.float64 else ctypes.c_float
-    routine(
-        b"T" if trans_a else b"N",
-        b"T" if trans_b else b"N",
-        ctypes.byref(ctypes.c_int(m)),
-        ctypes.byref(ctypes.c_int(n)),
-        ctypes.byref(ctypes.c_int(k)),
-        ctypes.byref(scalar(alpha)),
-        a,
-        ctypes.byref(ctypes.c_int(lda)),
-        b,
-        ctypes.byref(ctypes.c_int(ldb)),
-        ctypes.byref(scalar(beta)),
-        c,
-        ctypes.byref(ctypes.c_int(ldc)),
-    )
+    _call("gemm", dtype, (trans_a, trans_b), (m, n, k), alpha, a, lda, b, ldb, beta, c, ldc)
 
 
 def gemv_at(
@@ -117,18 +101,36 @@ def gemv_at(
     ``A`` is stored ``rows x cols`` column-major with leading dimension ``lda``; like
     :func:`gemm_at`, the caller has validated every range and handled quick returns.
     """
-    routine = _routine("dgemv" if dtype == np.float64 else "sgemv", 1, 2)
-    scalar = ctypes.c_double if dtype == np.float64 else ctypes.c_float
+    _call("gemv", dtype, (trans,), (rows, cols), alpha, a, lda, x, incx, beta, y, incy)
+
+
+def _call(
+    name: str,
+    dtype: np.dtype[Any],
+    flags: tuple[bool, ...],
+    sizes: tuple[int, ...],
+    alpha: float,
+    a: int,
+    lda: int,
+    b: int,
+    ldb: int,
+    beta: float,
+    c: int,
+    ldc: int,
+) -> None:
+    """Call ``d<name>`` or ``s<name>`` (by ``dtype``) with its transposes, sizes and operands."""
+    double = dtype == np.float64
+    routine = _routine(("d" if double else "s") + name, len(flags), len(sizes))
+    scalar = ctypes.c_double if double else ctypes.c_float
     routine(
-        b"T" if trans else b"N",
-        ctypes.byref(ctypes.c_int(rows)),
-        ctypes.byref(ctypes.c_int(cols)),
+        *(b"T" if flag else b"N" for flag in flags),
+        *(ctypes.byref(ctypes.c_int(size)) for size in sizes),
         ctypes.byref(scalar(alpha)),
         a,
         ctypes.byref(ctypes.c_int(lda)),
-        x,
-        ctypes.byref(ctypes.c_int(incx)),
+        b,
+        ctypes.byref(ctypes.c_int(ldb)),
         ctypes.byref(scalar(beta)),
-        y,
-        ctypes.byref(ctypes.c_int(incy)),
+        c,
+        ctypes.byref(ctypes.c_int(ldc)),
     )
