@@ -23,25 +23,7 @@ def _gemm_spec(ws: Workspace, method: str) -> CallSpec:
     # op(A) = A^T with A stored 3 x 5 (lda 4), B stored 3 x 4 (ldb 3), C 5 x 4 (ldc 6).
     m, n, k, lda, ldb, ldc = 5, 4, 3, 4, 3, 6
     a_bytes, b_bytes, c_bytes = (lda * (m - 1) + k) * 4, (ldb * (n - 1) + k) * 4, (ldc * (n - 1) + m) * 4
-    values: dict[str, Any] = {}
-    names = [
-        "trans_a",
-        "trans_b",
-        "m",
-        "n",
-        "k",
-        "alpha",
-        "a_ptr",
-        "lda",
-        "b_ptr",
-        "ldb",
-        "beta",
-        "c_ptr",
-        "ldc",
-    ]
-    if method == "gemm_mixed_precision":
-        names = ["prec", *names]
-        values["prec"] = "bf16"
+    values: dict[str, Any] = {"prec": "bf16"} if method == "gemm_mixed_precision" else {}
     values.update(
         trans_a="T",
         trans_b="N",
@@ -49,17 +31,17 @@ def _gemm_spec(ws: Workspace, method: str) -> CallSpec:
         n=n,
         k=k,
         alpha=1.0,
+        a_ptr=_f32(ws, a_bytes // 4, "A"),
         lda=lda,
+        b_ptr=_f32(ws, b_bytes // 4, "B"),
         ldb=ldb,
         beta=0.5,
-        ldc=ldc,
-        a_ptr=_f32(ws, a_bytes // 4, "A"),
-        b_ptr=_f32(ws, b_bytes // 4, "B"),
         c_ptr=_f32(ws, c_bytes // 4, "C"),
+        ldc=ldc,
     )
     spec = CallSpec(
         method,
-        names,
+        list(values),
         values,
         kwargs={"dtype": "float32"} if method == "gemm" else {},
         pointers={"a_ptr": (a_bytes, 4), "b_ptr": (b_bytes, 4), "c_ptr": (c_bytes, 4)},
@@ -110,28 +92,9 @@ def _batched_spec(ws: Workspace, method: str) -> CallSpec:
         stride_c=sc,
         batch_count=batch,
     )
-    names = [
-        "trans_a",
-        "trans_b",
-        "m",
-        "n",
-        "k",
-        "alpha",
-        "a_ptr",
-        "lda",
-        "stride_a",
-        "b_ptr",
-        "ldb",
-        "stride_b",
-        "beta",
-        "c_ptr",
-        "ldc",
-        "stride_c",
-        "batch_count",
-    ]
     spec = CallSpec(
         method,
-        names,
+        list(values),
         values,
         kwargs={"dtype": "float32"},
         pointers={"a_ptr": (a_bytes, 4), "b_ptr": (b_bytes, 4), "c_ptr": (c_bytes, 4)},
