@@ -63,3 +63,10 @@ def test_run_is_a_computehal_subcommand(tmp_path: Path, capsys: pytest.CaptureFi
     assert computehal_main(["run", str(tmp_path / "m.onnx"), "--backend", "cpu", "--shape", "x=1,3"]) == 0
     assert "output y: float32 [1, 4]" in capsys.readouterr().out
     assert computehal_main(["run", str(tmp_path / "missing.onnx")]) == 2
+
+
+def test_benchmark_group_is_found_by_the_harness() -> None:
+    from computehal.bench import find_group
+
+    group = find_group("onnx")
+    assert group is not None and "onnxruntime" in group.description and not group.default
