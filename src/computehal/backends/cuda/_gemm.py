@@ -113,17 +113,11 @@ class GemmOps(CudaCore):
         with self._scratches() as held:
             a16 = self._narrowed(held, p.a, *p.a_shape, p.lda, mode)
             b16 = self._narrowed(held, p.b, *p.b_shape, p.ldb, mode)
-            a, b = (a16.ptr, p.a_shape[0]), (b16.ptr, p.b_shape[0])
-            shape = (p.m, p.n, p.k)
-            if native:
-                narrow = "float16" if fmt is MixedPrecision.F16 else "bfloat16"
-                self._session.gemm(
-                    narrow, p.trans_a, p.trans_b, shape, p.alpha, a, b, p.beta, (p.c.ptr, p.ldc)
-                )
-            else:
-                self._session.gemm(
-                    "float32", p.trans_a, p.trans_b, shape, p.alpha, a, b, p.beta, (p.c.ptr, p.ldc)
-                )
+            kind = ("float16" if fmt is MixedPrecision.F16 else "bfloat16") if native else "float32"
+            self._session.gemm(
+                kind, p.trans_a, p.trans_b, (p.m, p.n, p.k), p.alpha,
+                (a16.ptr, p.a_shape[0]), (b16.ptr, p.b_shape[0]), p.beta, (p.c.ptr, p.ldc),
+            )  # fmt: skip
 
     def _narrowed(self, held: list[Any], region: Any, rows: int, cols: int, ld: int, mode: int) -> Any:
         """A compact column-major copy of a stored float32 matrix, rounded per ``mode``."""
