@@ -48,24 +48,25 @@ _reduce = jit_reassoc
 _inline = _compiled(inline="always")
 
 
+@_inline
+def _index_range(start: int, step: int, count: int, size: int) -> tuple[int, int]:
+    """The indices ``[i0, i1)`` of ``range(count)`` whose position ``start + i*step`` is in ``[0, size)``."""
+    i0 = 0 if start >= 0 else (-start + step - 1) // step
+    last = size - 1 - start
+    i1 = 0 if last < 0 else min(count, last // step + 1)
+    return i0, max(i0, i1)
+
+
 @_jit
 def tap_range(o: int, stride: int, pad: int, dil: int, taps: int, size: int) -> tuple[int, int]:
     """The taps ``[t0, t1)`` of output ``o`` that land inside ``[0, size)``: ``o*stride - pad + t*dil``."""
-    start = o * stride - pad
-    t0 = 0 if start >= 0 else (-start + dil - 1) // dil
-    last = size - 1 - start
-    t1 = 0 if last < 0 else min(taps, last // dil + 1)
-    return t0, max(t0, t1)
+    return _index_range(o * stride - pad, dil, taps, size)
 
 
 @_jit
 def tap_range_cols(s: int, sw: int, pl: int, dw: int, ow: int, w: int) -> tuple[int, int]:
     """Output columns ``[j0, j1)`` whose tap ``s`` reads inside ``[0, w)``: ``0 <= j*sw - pl + s*dw < w``."""
-    offset = s * dw - pl
-    j0 = 0 if offset >= 0 else (-offset + sw - 1) // sw
-    last = w - 1 - offset
-    j1 = 0 if last < 0 else min(ow, last // sw + 1)
-    return j0, max(j0, j1)
+    return _index_range(s * dw - pl, sw, ow, w)
 
 
 @_jit
