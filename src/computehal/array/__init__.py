@@ -25,129 +25,21 @@ Examples
 3.0
 """
 
+from . import _elementwise, _linalg, _movement, _nn, _reduce
 from ._core import Device, DeviceArray
 from ._create import asarray, empty, full, to_device, zeros
 from ._dlpack import from_dlpack
-from ._elementwise import (
-    abs,
-    add,
-    binary,
-    clip,
-    cos,
-    div,
-    erf,
-    exp,
-    gelu,
-    leaky_relu,
-    log,
-    maximum,
-    minimum,
-    mul,
-    neg,
-    pow,
-    reciprocal,
-    relu,
-    sigmoid,
-    silu,
-    sin,
-    sqrt,
-    square,
-    sub,
-    tanh,
-    unary,
-)
-from ._linalg import matmul
-from ._movement import (
-    ascontiguousarray,
-    astype,
-    broadcast_to,
-    concat,
-    expand,
-    permute_dims,
-    put,
-    split,
-    take,
-    transpose,
-)
-from ._nn import (
-    attention,
-    avg_pool2d,
-    batch_norm,
-    conv2d,
-    conv2d_backward_data,
-    conv2d_backward_filter,
-    layer_norm,
-    lrn,
-    max_pool2d,
-    rms_norm,
-)
-from ._reduce import log_softmax, max, mean, min, reduce, softmax, sum
 
-__all__ = [
-    "Device",
-    "DeviceArray",
-    "asarray",
-    "to_device",
-    "empty",
-    "zeros",
-    "full",
-    "from_dlpack",
-    # linear algebra and layers
-    "matmul",
-    "conv2d",
-    "conv2d_backward_data",
-    "conv2d_backward_filter",
-    "max_pool2d",
-    "avg_pool2d",
-    "attention",
-    "layer_norm",
-    "rms_norm",
-    "batch_norm",
-    "lrn",
-    # reductions
-    "softmax",
-    "log_softmax",
-    "reduce",
-    "sum",
-    "max",
-    "min",
-    "mean",
-    # element-wise
-    "unary",
-    "relu",
-    "sigmoid",
-    "tanh",
-    "exp",
-    "log",
-    "sqrt",
-    "abs",
-    "neg",
-    "gelu",
-    "silu",
-    "erf",
-    "reciprocal",
-    "square",
-    "sin",
-    "cos",
-    "leaky_relu",
-    "clip",
-    "binary",
-    "add",
-    "sub",
-    "mul",
-    "div",
-    "pow",
-    "maximum",
-    "minimum",
-    # data movement
-    "ascontiguousarray",
-    "transpose",
-    "permute_dims",
-    "concat",
-    "split",
-    "expand",
-    "broadcast_to",
-    "astype",
-    "take",
-    "put",
-]
+# Each family module lists its public functions once, in its own ``__all__``.
+from ._elementwise import *  # noqa: F403
+from ._linalg import *  # noqa: F403
+from ._movement import *  # noqa: F403
+from ._nn import *  # noqa: F403
+from ._reduce import *  # noqa: F403
+
+__all__ = ["Device", "DeviceArray", "asarray", "to_device", "empty", "zeros", "full", "from_dlpack"]
+__all__ += _linalg.__all__
+__all__ += _nn.__all__
+__all__ += _reduce.__all__
+__all__ += _elementwise.__all__
+__all__ += _movement.__all__

@@ -17,7 +17,6 @@ import math
 import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -285,12 +284,7 @@ class DeviceArray:
     def __enter__(self) -> DeviceArray:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.free()
 
     # ------------------------------------------------------------------ views

@@ -35,7 +35,6 @@ __all__ = [
     "expand",
     "broadcast_to",
     "astype",
-    "can_cast_on_device",
     "take",
     "put",
 ]

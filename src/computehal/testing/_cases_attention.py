@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -12,7 +12,16 @@ import numpy.typing as npt
 
 from ..backend import ComputeBackend
 from . import reference as ref
-from ._common import DTYPES, SHORT, Case, assert_close, call_or_refuse, eps_of, rng_for, storage_tol, tiny_of
+from ._common import (
+    Case,
+    assert_close,
+    call_or_refuse,
+    dtype_cases,
+    eps_of,
+    rng_for,
+    storage_tol,
+    tiny_of,
+)
 from .reference import storage
 from .workspace import Workspace
 
@@ -172,33 +181,13 @@ def attention_cases() -> list[Case]:
         for name, cfg in CONFIGS.items()
     ]
     for name in DTYPE_CONFIGS:
-        for dt in DTYPES:
-            cfg = replace(CONFIGS[name], dtype=dt)
-            cases.append(
-                Case(
-                    "attention",
-                    f"{name}-{SHORT[dt]}",
-                    functools.partial(_attention_value, label=name, cfg=cfg),
-                )
-            )
+        cases += dtype_cases("attention", name, _attention_value, CONFIGS[name], label=name)
     nan_cfg = AttentionConfig(1, 2, 6, 9, 5, True, kv_heads=1, mask=(1, 2, 6, 9))
-    for dt in DTYPES:
-        cfg = replace(nan_cfg, dtype=dt)
-        cases.append(
-            Case(
-                "attention",
-                f"nan-inf-mask-{SHORT[dt]}",
-                functools.partial(_attention_value, label="attn-nan", cfg=cfg, specials="mask"),
-            )
-        )
+    cases += dtype_cases(
+        "attention", "nan-inf-mask", _attention_value, nan_cfg, label="attn-nan", specials="mask"
+    )
     plain_nan = AttentionConfig(1, 2, 5, 5, 4, False)
-    for dt in DTYPES:
-        cfg = replace(plain_nan, dtype=dt)
-        cases.append(
-            Case(
-                "attention",
-                f"nan-inf-{SHORT[dt]}",
-                functools.partial(_attention_value, label="attn-nan-plain", cfg=cfg, specials="plain"),
-            )
-        )
+    cases += dtype_cases(
+        "attention", "nan-inf", _attention_value, plain_nan, label="attn-nan-plain", specials="plain"
+    )
     return cases

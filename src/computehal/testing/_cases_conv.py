@@ -26,6 +26,7 @@ from ._common import (
     Case,
     assert_close,
     call_or_refuse,
+    dtype_cases,
     eps_of,
     rng_for,
     storage_tol,
@@ -336,9 +337,7 @@ def conv_cases() -> list[Case]:
         for name, cfg in CONV_CONFIGS.items():
             cases.append(Case(op, name, functools.partial(runner, name=name, cfg=cfg)))
         for name in DTYPE_CONFIGS:
-            for dt in DTYPES:
-                typed = replace(CONV_CONFIGS[name], dtype=dt)
-                cases.append(Case(op, f"{name}-{SHORT[dt]}", functools.partial(runner, name=name, cfg=typed)))
+            cases += dtype_cases(op, name, runner, CONV_CONFIGS[name], name=name)
         for name, cfg in NAN_CONFIGS.items():
             for dt in DTYPES:
                 typed = replace(cfg, dtype=dt)

@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..backend import ComputeBackend
 from . import reference as ref
-from ._common import DTYPES, SHORT, Case, assert_close, call_or_refuse, eps_of, rng_for, storage_tol, tiny_of
+from ._common import (
+    DTYPES,
+    SHORT,
+    Case,
+    assert_close,
+    call_or_refuse,
+    dtype_cases,
+    eps_of,
+    rng_for,
+    storage_tol,
+    tiny_of,
+)
 from .reference import storage
 from .workspace import Workspace
 
@@ -129,11 +140,7 @@ def pool_cases() -> list[Case]:
         for name, cfg in POOL_CONFIGS.items()
     ]
     for name in DTYPE_CONFIGS:
-        for dt in DTYPES:
-            cfg = replace(POOL_CONFIGS[name], dtype=dt)
-            cases.append(
-                Case("pool2d", f"{name}-{SHORT[dt]}", functools.partial(_pool_value, label=name, cfg=cfg))
-            )
+        cases += dtype_cases("pool2d", name, _pool_value, POOL_CONFIGS[name], label=name)
     for op in ("max", "avg"):
         for dt in DTYPES:
             cfg = PoolConfig(op, (2, 2, 6, 7), (2, 3), (2, 2), (1, 1, 0, 1), dtype=dt)

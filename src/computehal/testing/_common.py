@@ -11,7 +11,7 @@ import functools
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -35,6 +35,7 @@ __all__ = [
     "assert_bits_equal",
     "call_or_refuse",
     "colmajor",
+    "dtype_cases",
     "eps_of",
     "note_refused",
     "offered",
@@ -174,6 +175,17 @@ class Case:
 def value_case(op: str, name: str, run: Callable[..., float], /, **keywords: Any) -> Case:
     """The case ``op``-``name`` that calls ``run(backend, **keywords)``."""
     return Case(op, name, functools.partial(run, **keywords))
+
+
+def dtype_cases(op: str, stem: str, run: Callable[..., float], cfg: Any, /, **keywords: Any) -> list[Case]:
+    """The cases ``op``-``stem``-``<dtype>``: ``run`` once per storage dtype.
+
+    Each calls ``run(backend, cfg=..., **keywords)`` with ``cfg`` (a dataclass with a
+    ``dtype`` field) retyped to that dtype.
+    """
+    return [
+        value_case(op, f"{stem}-{SHORT[dt]}", run, cfg=replace(cfg, dtype=dt), **keywords) for dt in DTYPES
+    ]
 
 
 def rng_for(label: str) -> np.random.Generator:

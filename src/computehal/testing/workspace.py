@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -81,12 +80,7 @@ class Workspace:
     def __enter__(self) -> Workspace:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: object, *exc_info: object) -> None:
         problems: list[str] = []
         for block in self.blocks:
             if block.live:

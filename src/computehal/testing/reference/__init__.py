@@ -74,29 +74,14 @@ __all__ = [
     "unary",
 ]
 
-#: Operation name -> its definition.
+#: Operation name -> its definition (each function is named after its operation).
 DEFINITIONS: dict[str, Callable[..., Any]] = {
-    "gemm": gemm,
-    "batched_gemm": batched_gemm,
-    "gemm_mixed_precision": gemm_mixed_precision,
-    "conv2d_forward": conv2d_forward,
-    "conv2d_backward_data": conv2d_backward_data,
-    "conv2d_backward_filter": conv2d_backward_filter,
-    "attention": attention,
-    "reduce": reduce,
-    "softmax": softmax,
-    "unary": unary,
-    "binary": binary,
-    "gather": gather,
-    "scatter": scatter,
-    "copy_dtod": copy_dtod,
-    "fill": fill,
-    "copy_strided": copy_strided,
-    "cast": cast,
-    "broadcast_binary": broadcast_binary,
-    "pool2d": pool2d,
-    "batch_norm": batch_norm,
-    "layer_norm": layer_norm,
-    "rms_norm": rms_norm,
-    "lrn": lrn,
+    f.__name__: f
+    for f in (
+        *(gemm, batched_gemm, gemm_mixed_precision),
+        *(conv2d_forward, conv2d_backward_data, conv2d_backward_filter, attention),
+        *(reduce, softmax, unary, binary, gather, scatter),
+        *(copy_dtod, fill, copy_strided, cast, broadcast_binary, pool2d),
+        *(batch_norm, layer_norm, rms_norm, lrn),
+    )
 }

@@ -7,7 +7,7 @@ so a NaN or infinity reaches exactly the outputs (or gradients) that read it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -82,6 +82,36 @@ def _tap(size: int, outputs: int, stride: int, pad_lo: int, dilation: int, tap: 
     return slice(first, last + 1), slice(start, start + (last - first) * stride + 1, stride)
 
 
+_Tap = tuple[slice, slice, int, int, tuple[slice, slice], tuple[slice, slice]]
+
+
+def _group_taps(
+    x_hw: Pair,
+    out_hw: Pair,
+    f_shape: Sequence[int],
+    groups: int,
+    stride: Pair,
+    padding: Sequence[int],
+    dilation: Pair,
+) -> Iterator[_Tap]:
+    """Every (group, tap) that lands inside the input at least once.
+
+    Yields ``(ks, cs, r, s, (oi, oj), (xi, xj))``: the group's filters ``ks`` and input
+    channels ``cs``, the tap ``(r, s)``, and the output and input positions it joins.
+    """
+    k, cg, fh, fw = f_shape
+    top, left, _, _ = pads4(padding)
+    kg = k // groups
+    for g in range(groups):
+        ks, cs = slice(g * kg, (g + 1) * kg), slice(g * cg, (g + 1) * cg)
+        for r in range(fh):
+            oi, xi = _tap(x_hw[0], out_hw[0], stride[0], top, dilation[0], r)
+            for s in range(fw):
+                oj, xj = _tap(x_hw[1], out_hw[1], stride[1], left, dilation[1], s)
+                if oi.stop > oi.start and oj.stop > oj.start:
+                    yield ks, cs, r, s, (oi, oj), (xi, xj)
+
+
 def conv2d_forward(
     x: npt.ArrayLike,
     f: npt.ArrayLike,
@@ -99,23 +129,13 @@ def conv2d_forward(
     ``x[n, c, i*sh - top + r*dh, j*sw - left + s*dw] * f[k, c - group start, r, s]``.
     """
     x64, f64 = _f64(x), _f64(f)
-    n, _, h, w = x64.shape
-    k, cg, fh, fw = f64.shape
-    top, left, _, _ = pads4(padding)
-    _, _, oh, ow = conv2d_output_shape(x64.shape, f64.shape, stride, padding, dilation)
-    kg = k // groups
-    y = np.zeros((n, k, oh, ow))
+    y = np.zeros(conv2d_output_shape(x64.shape, f64.shape, stride, padding, dilation))
     with np.errstate(all="ignore"):
-        for g in range(groups):
-            xs = x64[:, g * cg : (g + 1) * cg]
-            ks = slice(g * kg, (g + 1) * kg)
-            for r in range(fh):
-                oi, xi = _tap(h, oh, stride[0], top, dilation[0], r)
-                for s in range(fw):
-                    oj, xj = _tap(w, ow, stride[1], left, dilation[1], s)
-                    if oi.stop > oi.start and oj.stop > oj.start:
-                        patch = xs[:, :, xi, xj]
-                        y[:, ks, oi, oj] += np.einsum("ncij,kc->nkij", patch, f64[ks, :, r, s])
+        for ks, cs, r, s, (oi, oj), (xi, xj) in _group_taps(
+            x64.shape[2:], y.shape[2:], f64.shape, groups, stride, padding, dilation
+        ):
+            patch = x64[:, cs, xi, xj]
+            y[:, ks, oi, oj] += np.einsum("ncij,kc->nkij", patch, f64[ks, :, r, s])
         if bias is not None:
             y += _f64(bias)[None, :, None, None]
     return y
@@ -137,23 +157,13 @@ def conv2d_backward_data(
     adds ``gy * f`` to it; input positions never read get zero.
     """
     gy64, f64 = _f64(gy), _f64(f)
-    n, c, h, w = x_shape
-    k, cg, fh, fw = f64.shape
-    top, left, _, _ = pads4(padding)
-    _, _, oh, ow = gy64.shape
-    kg = k // groups
-    gx = np.zeros((n, c, h, w))
+    gx = np.zeros(tuple(x_shape))
     with np.errstate(all="ignore"):
-        for g in range(groups):
-            ks = slice(g * kg, (g + 1) * kg)
-            cs = slice(g * cg, (g + 1) * cg)
-            for r in range(fh):
-                oi, xi = _tap(h, oh, stride[0], top, dilation[0], r)
-                for s in range(fw):
-                    oj, xj = _tap(w, ow, stride[1], left, dilation[1], s)
-                    if oi.stop > oi.start and oj.stop > oj.start:
-                        g_out = gy64[:, ks, oi, oj]
-                        gx[:, cs, xi, xj] += np.einsum("nkij,kc->ncij", g_out, f64[ks, :, r, s])
+        for ks, cs, r, s, (oi, oj), (xi, xj) in _group_taps(
+            x_shape[2:], gy64.shape[2:], f64.shape, groups, stride, padding, dilation
+        ):
+            g_out = gy64[:, ks, oi, oj]
+            gx[:, cs, xi, xj] += np.einsum("nkij,kc->ncij", g_out, f64[ks, :, r, s])
     return gx
 
 
@@ -174,24 +184,14 @@ def conv2d_backward_filter(
     channel ``c``).
     """
     x64, gy64 = _f64(x), _f64(gy)
-    _, _, h, w = x64.shape
-    k, cg, fh, fw = f_shape
-    top, left, _, _ = pads4(padding)
-    _, _, oh, ow = gy64.shape
-    kg = k // groups
-    gf = np.zeros((k, cg, fh, fw))
+    gf = np.zeros(tuple(f_shape))
     with np.errstate(all="ignore"):
-        for g in range(groups):
-            ks = slice(g * kg, (g + 1) * kg)
-            xs = x64[:, g * cg : (g + 1) * cg]
-            for r in range(fh):
-                oi, xi = _tap(h, oh, stride[0], top, dilation[0], r)
-                for s in range(fw):
-                    oj, xj = _tap(w, ow, stride[1], left, dilation[1], s)
-                    if oi.stop > oi.start and oj.stop > oj.start:
-                        window = xs[:, :, xi, xj]
-                        g_out = gy64[:, ks, oi, oj]
-                        gf[ks, :, r, s] = np.einsum("ncij,nkij->kc", window, g_out)
+        for ks, cs, r, s, (oi, oj), (xi, xj) in _group_taps(
+            x64.shape[2:], gy64.shape[2:], f_shape, groups, stride, padding, dilation
+        ):
+            window = x64[:, cs, xi, xj]
+            g_out = gy64[:, ks, oi, oj]
+            gf[ks, :, r, s] = np.einsum("ncij,nkij->kc", window, g_out)
     return gf
 
 
