@@ -234,8 +234,13 @@ def test_exp_shifted_rowsum() -> None:
     np.testing.assert_allclose(sums, want.sum(axis=1), rtol=1e-5, atol=0)
 
 
-def test_16bit_conversions_bit_exact() -> None:
-    """float32 <-> float16 / bfloat16 kernels against NumPy and ml_dtypes, every 251st bit pattern."""
+@pytest.mark.parametrize("streamed", [False, True])
+def test_16bit_conversions_bit_exact(streamed: bool) -> None:
+    """float32 <-> float16 / bfloat16 kernels against NumPy and ml_dtypes, every 251st bit pattern.
+
+    ``streamed``: whole destination lines are written by the non-temporal line stores
+    (the first and last elements still by plain stores).
+    """
     import ml_dtypes
 
     import computehal.backends.cpu._kcast as C
@@ -244,8 +249,14 @@ def test_16bit_conversions_bit_exact() -> None:
     values = bits.view(F32)
     nan = np.isnan(values)
     narrow = np.empty(bits.size, dtype=np.uint16)
+
+    def run(kernel: Any, src: Any, dst: Any) -> None:
+        dst[:] = 0xAAAA
+        kernel(src, dst, 0, 3, -1)
+        kernel(src, dst, 3, src.size, C.line_phase(dst) if streamed else -1)
+
     for kernel, target in ((C.f32_to_f16, np.float16), (C.f32_to_bf16, ml_dtypes.bfloat16)):
-        kernel(bits, narrow)
+        run(kernel, bits, narrow)
         with np.errstate(over="ignore", invalid="ignore"):
             want = values.astype(target).view(np.uint16)
         np.testing.assert_array_equal(narrow[~nan], want[~nan])
@@ -253,7 +264,7 @@ def test_16bit_conversions_bit_exact() -> None:
     every = np.arange(2**16, dtype=np.uint16)
     wide = np.empty(every.size, dtype=np.uint32)
     for kernel, source in ((C.f16_to_f32, np.float16), (C.bf16_to_f32, ml_dtypes.bfloat16)):
-        kernel(every, wide)
+        run(kernel, every, wide)
         want = every.view(source).astype(F32)
         same = (wide.view(F32) == want) | (np.isnan(wide.view(F32)) & np.isnan(want))
         assert same.all()

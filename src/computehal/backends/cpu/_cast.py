@@ -20,8 +20,11 @@ from ._runtime import kernels, parallel_ranges
 
 __all__ = ["CastOps", "convert"]
 
-#: Elements converted per block (each block's passes stay in cache).
+#: Elements converted per block by NumPy (each block's passes stay in cache).
 CAST_BLOCK = 1 << 14
+#: Outputs of at least this many bytes are written by streamed lines, past the caches
+#: (a plain store first reads the line it writes; outputs this large leave L2 anyway).
+STREAM_MIN_BYTES = 1 << 23
 
 
 def _f32_round_to_odd(src: FloatArray) -> FloatArray:
@@ -46,16 +49,25 @@ _KERNELS = {
 _BITS: dict[int, np.dtype[Any]] = {2: np.dtype(np.uint16), 4: np.dtype(np.uint32)}
 
 
+def _compiled(src: FloatArray, dst: FloatArray) -> Any:
+    """The compiled kernel converting ``src`` into ``dst`` (1-D), or None."""
+    name = _KERNELS.get((src.dtype, dst.dtype))
+    if name is None or src.ndim != 1:
+        return None
+    compiled = kernels("_kcast")
+    return None if compiled is None else getattr(compiled, name)
+
+
 def convert(src: FloatArray, dst: FloatArray) -> None:
     """``dst[...] = src`` converted to ``dst.dtype`` with one round-to-nearest-even.
 
     Overflow gives infinities, NaN stays NaN. ``dst`` may be ``src`` (same itemsize).
     Between float32 and the 16-bit types of 1-D arrays, a compiled kernel does it.
     """
-    name = _KERNELS.get((src.dtype, dst.dtype))
-    compiled = kernels("_kcast") if name is not None and src.ndim == 1 else None
-    if compiled is not None and name is not None:
-        getattr(compiled, name)(src.view(_BITS[src.dtype.itemsize]), dst.view(_BITS[dst.dtype.itemsize]))
+    kernel = _compiled(src, dst)
+    if kernel is not None:
+        n = src.shape[0]
+        kernel(src.view(_BITS[src.dtype.itemsize]), dst.view(_BITS[dst.dtype.itemsize]), 0, n, -1)
         return
     with np.errstate(over="ignore", invalid="ignore"):
         if src.dtype == F64 and dst.dtype.itemsize == 2 and dst.dtype != np.float16:
@@ -70,6 +82,13 @@ class CastOps(CpuPlumbing):
     def _exec_cast(self, p: v.CastProblem) -> None:
         src = self._flat(p.input, p.dtype)[: p.n]
         dst = self._flat(p.output, p.out_dtype)[: p.n]
+        kernel = _compiled(src, dst)
+        if kernel is not None:
+            # One call per thread; a large output is streamed past the caches.
+            s_bits, d_bits = src.view(_BITS[src.dtype.itemsize]), dst.view(_BITS[dst.dtype.itemsize])
+            phase = kernels("_kcast").line_phase(d_bits) if dst.nbytes >= STREAM_MIN_BYTES else -1
+            parallel_ranges(p.n, lambda start, stop: kernel(s_bits, d_bits, start, stop, phase))
+            return
 
         def run(start: int, stop: int) -> None:
             for lo in range(start, stop, CAST_BLOCK):

@@ -2,10 +2,13 @@
 
 NumPy converts float32 to float16 in software, element by element (several ns each),
 and every float16 operation of the backend widens and narrows its operands, so these
-conversions must run at memory speed. Each kernel works on the integer bit patterns
-with selects only, so LLVM vectorises it. Rounding is to nearest-even; values beyond
-the target's range become infinities; NaN stays NaN (quiet, sign and high payload bits
-kept); float16 subnormals are produced and read exactly.
+conversions must run at memory speed. float16 goes through IEEE ``fptrunc`` /
+``fpext``, which LLVM turns into the CPU's conversion instructions; bfloat16 through
+integer operations on the bit patterns (selects only, vectorised). Rounding is to
+nearest-even; values beyond the target's range become infinities; NaN stays NaN
+(quiet, sign and high payload bits kept); subnormals are produced and read exactly.
+Large outputs are written by whole streamed lines (:mod:`._kstream`), which skips
+reading the destination before writing it.
 """
 
 # Function bodies are numba nopython code, which mypy cannot type.
@@ -16,82 +19,152 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
 
-from ._kmath import _as_float, _as_int, _iand, _int32_op, _isra, _isub
-from ._nb import jit
+from ._kmath import _as_float, _as_int, _iand, _int32_op
+from ._kstream import (
+    line_phase,
+    store_fence,
+    stream_from_bfloat,
+    stream_from_half,
+    stream_to_bfloat,
+    stream_to_half,
+)
+from ._nb import jit, wide_vectors
 
 _iadd = _int32_op("add", "``a + b`` in int32.")
 _ior = _int32_op("or_", "``a | b`` in int32.")
+_isrl = _int32_op("lshr", "``a >> b`` (logical) in int32.")
 _i32 = np.int32
 
-__all__ = ["f32_to_f16", "f16_to_f32", "f32_to_bf16", "bf16_to_f32", "warm_up"]
+__all__ = ["f32_to_f16", "f16_to_f32", "f32_to_bf16", "bf16_to_f32", "line_phase", "warm_up"]
 
 
 _jit = jit
 
 
-@_jit
-def f32_to_f16(src: Any, dst: Any) -> None:
-    """float32 bits ``src`` (uint32) -> float16 bits ``dst`` (uint16), round to nearest-even.
+@intrinsic
+def _to_half(typingctx: Any, x: Any) -> Any:
+    """The float16 bits (uint16) of a float32 rounded to nearest-even: an IEEE ``fptrunc``.
 
-    All in int32 (numba would widen to int64, halving the vector width).
+    LLVM vectorises it into the CPU's conversion instruction (F16C ``vcvtps2ph``,
+    AVX-512 FP16), which rounds by the default mode, keeps subnormal results and
+    quiets NaN keeping its sign and high payload bits; elsewhere LLVM calls its
+    runtime's exact conversion.
     """
-    half = np.float32(0.5)
-    for i in range(src.shape[0]):
-        x = src[i]
-        sign = _iand(_isra(x, 16), 0x8000)
-        ax = _iand(x, 0x7FFFFFFF)
-        # Normal results: rebias the exponent, round away 13 mantissa bits to even.
-        v = _isub(ax, 0x38000000)
-        normal = _isra(_iadd(_iadd(v, 0xFFF), _iand(_isra(v, 13), 1)), 13)
-        # Subnormal results: adding 0.5 makes the FPU round at 2**-24, the half's last bit.
-        tiny = _isub(_as_int(_as_float(ax) + half), 0x3F000000)
-        nan = _ior(_iand(_isra(ax, 13), 0x3FF), 0x7E00)
-        h = tiny if ax < 0x38800000 else normal
-        h = _i32(0x7C00) if ax >= 0x477FF000 else h
-        h = nan if ax > 0x7F800000 else h
-        dst[i] = np.uint16(_ior(h, sign))
+    if x != types.float32:
+        return None
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+
+    return types.uint16(types.float32), codegen
+
+
+@intrinsic
+def _from_half(typingctx: Any, h: Any) -> Any:
+    """The float32 of float16 bits (uint16), exactly: an IEEE ``fpext`` (``vcvtph2ps``)."""
+    if h != types.uint16:
+        return None
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return types.float32(types.uint16), codegen
 
 
 @_jit
-def f16_to_f32(src: Any, dst: Any) -> None:
-    """float16 bits ``src`` (uint16) -> float32 bits ``dst`` (uint32), exactly."""
-    scale = np.float32(2.0**-24)
-    for i in range(src.shape[0]):
-        h = np.int64(src[i])
-        sign = (h & 0x8000) << 16
-        e = (h >> 10) & 0x1F
-        m = h & 0x3FF
-        normal = ((e + 112) << 23) | (m << 13)
-        special = 0x7F800000 | (m << 13)
-        tiny = np.int64(_as_int(np.float32(m) * scale))
-        bits = normal if e != 0 else tiny
-        bits = special if e == 31 else bits
-        dst[i] = np.uint32(bits | sign)
+def _plan(start: int, stop: int, phase: int, lanes: int) -> tuple[int, int]:
+    """``[head, body)``: the whole streamed lines inside ``[start, stop)`` (none when ``phase < 0``).
+
+    Element ``i`` starts a 64-byte line of the destination when ``i % lanes == phase``.
+    """
+    if phase < 0:
+        return stop, stop
+    head = min(stop, start + (phase - start) % lanes)
+    return head, head + (stop - head) // lanes * lanes
 
 
 @_jit
-def f32_to_bf16(src: Any, dst: Any) -> None:
-    """float32 bits ``src`` (uint32) -> bfloat16 bits ``dst`` (uint16), round to nearest-even."""
-    for i in range(src.shape[0]):
-        x = np.int64(src[i])
-        rounded = (x + 0x7FFF + ((x >> 16) & 1)) >> 16
-        quiet = (x >> 16) | 0x40
-        dst[i] = np.uint16(quiet if (x & 0x7FFFFFFF) > 0x7F800000 else rounded)
+def _bfloat(x: Any) -> Any:
+    """float32 bits (int32) -> bfloat16 bits, rounded to nearest-even, NaN quieted."""
+    high = _isrl(x, 16)
+    rounded = _isrl(_iadd(_iadd(x, 0x7FFF), _iand(high, 1)), 16)
+    quiet = _ior(high, 0x40)
+    return np.uint16(quiet if _iand(x, 0x7FFFFFFF) > 0x7F800000 else rounded)
 
 
 @_jit
-def bf16_to_f32(src: Any, dst: Any) -> None:
-    """bfloat16 bits ``src`` (uint16) -> float32 bits ``dst`` (uint32), exactly."""
-    for i in range(src.shape[0]):
+def f32_to_f16(src: Any, dst: Any, start: int, stop: int, phase: int) -> None:
+    """float32 bits ``src`` (uint32) -> float16 bits ``dst`` (uint16) over ``[start, stop)``.
+
+    Round to nearest-even. Whole destination lines are streamed from the element at
+    ``phase`` (mod 32) on; ``phase = -1`` stores plainly (the output stays in cache).
+    """
+    wide_vectors()
+    head, body = _plan(start, stop, phase, 32)
+    for i in range(start, head):
+        dst[i] = _to_half(_as_float(src[i]))
+    for i in range(head, body, 32):
+        stream_to_half(src, i, dst, i)
+    for i in range(body, stop):
+        dst[i] = _to_half(_as_float(src[i]))
+    if body > head:
+        store_fence()
+
+
+@_jit
+def f16_to_f32(src: Any, dst: Any, start: int, stop: int, phase: int) -> None:
+    """float16 bits ``src`` (uint16) -> float32 bits ``dst`` (uint32), exactly (lines: mod 16)."""
+    wide_vectors()
+    head, body = _plan(start, stop, phase, 16)
+    for i in range(start, head):
+        dst[i] = np.uint32(_as_int(_from_half(src[i])))
+    for i in range(head, body, 16):
+        stream_from_half(src, i, dst, i)
+    for i in range(body, stop):
+        dst[i] = np.uint32(_as_int(_from_half(src[i])))
+    if body > head:
+        store_fence()
+
+
+@_jit
+def f32_to_bf16(src: Any, dst: Any, start: int, stop: int, phase: int) -> None:
+    """float32 bits ``src`` (uint32) -> bfloat16 bits ``dst`` (uint16), nearest-even (lines: mod 32)."""
+    wide_vectors()
+    head, body = _plan(start, stop, phase, 32)
+    for i in range(start, head):
+        dst[i] = _bfloat(_i32(src[i]))
+    for i in range(head, body, 32):
+        stream_to_bfloat(src, i, dst, i)
+    for i in range(body, stop):
+        dst[i] = _bfloat(_i32(src[i]))
+    if body > head:
+        store_fence()
+
+
+@_jit
+def bf16_to_f32(src: Any, dst: Any, start: int, stop: int, phase: int) -> None:
+    """bfloat16 bits ``src`` (uint16) -> float32 bits ``dst`` (uint32), exactly (lines: mod 16)."""
+    wide_vectors()
+    head, body = _plan(start, stop, phase, 16)
+    for i in range(start, head):
         dst[i] = np.uint32(src[i]) << np.uint32(16)
+    for i in range(head, body, 16):
+        stream_from_bfloat(src, i, dst, i)
+    for i in range(body, stop):
+        dst[i] = np.uint32(src[i]) << np.uint32(16)
+    if body > head:
+        store_fence()
 
 
 def warm_up() -> None:
     """Compile (or load from numba's cache) every kernel."""
-    wide = np.zeros(4, dtype=np.uint32)
-    narrow = np.zeros(4, dtype=np.uint16)
-    f32_to_f16(wide, narrow)
-    f16_to_f32(narrow, wide)
-    f32_to_bf16(wide, narrow)
-    bf16_to_f32(narrow, wide)
+    wide = np.zeros(100, dtype=np.uint32)
+    narrow = np.zeros(100, dtype=np.uint16)
+    f32_to_f16(wide, narrow, 1, 99, line_phase(narrow))
+    f16_to_f32(narrow, wide, 1, 99, line_phase(wide))
+    f32_to_bf16(wide, narrow, 1, 99, line_phase(narrow))
+    bf16_to_f32(narrow, wide, 1, 99, line_phase(wide))
