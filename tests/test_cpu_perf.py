@@ -198,6 +198,9 @@ GEMM_SHAPES = [
     (3, 20, 12, 7, 7, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),  # small images: gathered by table
     (2, 5, 6, 9, 11, 3, 2, (2, 1), (0, 2, 1, 0), (2, 1)),  # asymmetric, dilated, strided
     (1, 4, 3, 40, 37, 5, 5, (3, 2), (2, 2, 2, 2), (1, 1)),
+    (1, 6, 150, 7, 7, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),  # few pixels: shared columns, channel split
+    (3, 5, 131, 5, 6, 3, 3, (2, 1), (1, 0, 1, 2), (1, 1)),  # the same, several images
+    (1, 2, 140, 5, 40, 3, 5, (1, 1), (1, 2, 1, 2), (1, 1)),  # the same, wide rows
 ]
 
 
@@ -240,16 +243,19 @@ def test_im2col_forward_matches_direct_definition(shape: tuple[Any, ...], dtype:
     assert np.all(np.abs(y - want) <= 2 * (c * fh * fw + 3) * eps * mag + 1e-300)
 
 
+@pytest.mark.parametrize("size", [(3, 19, 10, 17, 22), (1, 7, 200, 6, 5)], ids=["images", "channel-split"])
 @pytest.mark.parametrize("stride", [1, 2, 3])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_pointwise_convolutions_match_direct_definition(stride: int, dtype: Any) -> None:
+def test_pointwise_convolutions_match_direct_definition(
+    stride: int, dtype: Any, size: tuple[int, ...]
+) -> None:
     from computehal.backends.cpu._conv_gemm import (
         pointwise_backward_data,
         pointwise_backward_filter,
         pointwise_forward,
     )
 
-    n, c, k, h, w = 3, 19, 10, 17, 22
+    n, c, k, h, w = size
     rng = np.random.default_rng(13)
     x = rng.standard_normal((n, c, h, w)).astype(dtype)
     f = rng.standard_normal((k, c, 1, 1)).astype(dtype)

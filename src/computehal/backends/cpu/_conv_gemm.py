@@ -1,13 +1,16 @@
 """GEMM convolutions split into cache-sized tasks: 1x1 filters, and blocked im2col.
 
 * 1x1 filters without padding (ResNet's projections and bottlenecks) are one GEMM per
-  block of output rows: ``y[n] (K x P) = f (K x C) @ x[n] (C x P)`` read in place (a
-  stride-2 block is first gathered into scratch). Both gradients are the transposed
+  block of output rows (and of output channels, for small images at batch 1):
+  ``y[n] (K x P) = f (K x C) @ x[n] (C x P)`` read in place (a stride-2 block is first
+  gathered into scratch). Both gradients are the transposed
   products; the filter gradient sums per-thread partials.
 * Other filters (the 7x7 stride-2 stem, strided layers, small images with many
   channels) build the im2col columns of a block of output pixels in scratch
   (:func:`._kcols.im2col_block`, a few hundred columns that stay in cache) and multiply
-  them by the filter matrix at once; small images are batched several to a block.
+  them by the filter matrix at once; small images are batched several to a block, and
+  where all images hold too few pixels for every thread to get a block, the columns
+  are built once and the GEMM is split by output channels.
 
 Tasks are pulled by the worker threads, each running single-threaded BLAS: with a
 two-thread BLAS, every small GEMM would end in a barrier that a busy machine stretches
@@ -37,11 +40,14 @@ __all__ = [
     "pointwise_backward_data",
     "pointwise_backward_filter",
     "im2col_forward",
+    "pointwise_tasks",
     "row_blocks",
 ]
 
 #: Output pixels per task of a GEMM convolution (and at least this many per block).
 MIN_COLUMNS = 256
+#: Fewest output channels of a task that splits them.
+MIN_CHANNELS = 64
 #: Floats of im2col columns one task aims for (about a megabyte).
 COLUMN_FLOATS = 1 << 18
 #: Output widths from which im2col copies row segments instead of gathering by table.
@@ -67,6 +73,28 @@ def _strided_rows(
     out[...] = x[i, :, r0 * sh : (r1 - 1) * sh + 1 : sh, : (ow - 1) * sw + 1 : sw]
 
 
+def pointwise_tasks(n: int, oh: int, ow: int, k: int) -> list[tuple[int, int, int, int, int]]:
+    """Forward tasks ``(image, first row, end row, first channel, end channel)``: at least two per thread.
+
+    Whole images while there are enough of them; otherwise row blocks of at least
+    :data:`MIN_COLUMNS` pixels, and where even those are too few (one small image, as at
+    batch 1 in ResNet's later stages), the output channels are split too: every thread
+    then multiplies a block of filter rows by the same image.
+    """
+    want = 2 * workers()
+    rows_min = min(oh, -(-MIN_COLUMNS // max(1, ow)))
+    pieces = 1 if n >= want else max(1, min(-(-want // n), oh // rows_min))
+    rows = -(-oh // pieces)
+    parts = 1 if n * pieces >= want else max(1, min(-(-want // (n * pieces)), k // MIN_CHANNELS))
+    bounds = [k * j // parts for j in range(parts + 1)]
+    return [
+        (i, r0, min(oh, r0 + rows), bounds[j], bounds[j + 1])
+        for i in range(n)
+        for r0 in range(0, oh, rows)
+        for j in range(parts)
+    ]
+
+
 def pointwise_forward(
     x: FloatArray, f: FloatArray, bias: FloatArray | None, y: FloatArray, sh: int, sw: int
 ) -> None:
@@ -74,14 +102,14 @@ def pointwise_forward(
     n, c = x.shape[0], x.shape[1]
     k, oh, ow = y.shape[1], y.shape[2], y.shape[3]
     dt: Any = x.dtype
-    tasks = row_blocks(n, oh, ow)
+    tasks = pointwise_tasks(n, oh, ow, k)
     fmat = np.ascontiguousarray(f.reshape(k, c))
     ys = y.reshape(n, k, oh * ow)
     xs = x.reshape(n, c, -1)
 
     def run(items: Iterator[int]) -> None:
         for t in items:
-            i, r0, r1 = tasks[t]
+            i, r0, r1, k0, k1 = tasks[t]
             cols = (r1 - r0) * ow
             if sh == sw == 1:
                 src = xs[i, :, r0 * ow : r1 * ow]
@@ -89,10 +117,10 @@ def pointwise_forward(
                 buf = thread_scratch("pointwise", c * cols, dt)[: c * cols].reshape(c, r1 - r0, ow)
                 _strided_rows(x, i, r0, r1, sh, sw, ow, buf)
                 src = buf.reshape(c, cols)
-            out = ys[i, :, r0 * ow : r1 * ow]
-            np.matmul(fmat, src, out=out)
+            out = ys[i, k0:k1, r0 * ow : r1 * ow]
+            np.matmul(fmat[k0:k1], src, out=out)
             if bias is not None:
-                out += bias[:, None]
+                out += bias[k0:k1, None]
 
     _pull(len(tasks), run)
 
@@ -166,24 +194,63 @@ def _column_tasks(n: int, pixels: int, crs: int) -> list[tuple[int, int, int, in
     return [(i, min(n, i + step), 0, pixels) for i in range(0, n, step)]
 
 
+def _split(total: int, parts: int) -> list[tuple[int, int]]:
+    """``parts`` near-equal ranges covering ``[0, total)``."""
+    return [(total * j // parts, total * (j + 1) // parts) for j in range(parts)]
+
+
+class _Columns:
+    """Builds the im2col columns of a pixel range of images, for a range of input channels."""
+
+    def __init__(self, x: FloatArray, fh: int, fw: int, ow: int, geometry: tuple[int, ...]) -> None:
+        pt, pl, sh, sw, dh, dw = geometry
+        self.x, self.fh, self.fw, self.ow = x, fh, fw, ow
+        self.rows = (fh, fw, sh, sw, pt, pl, dh, dw)
+        self.geom = np.array(self.rows, dtype=np.int64)
+        self.kern = kernels("_kcols")
+
+    def fill(
+        self, n0: int, n1: int, p0: int, p1: int, c0: int, c1: int, cols: FloatArray, col0: int = 0
+    ) -> None:
+        """Write columns ``col0 ..`` of ``cols`` [(c1 - c0) Fh Fw, ...].
+
+        They cover images n0..n1, pixels p0..p1 of each, input channels c0..c1.
+        """
+        x, kern, dt = self.x[:, c0:c1], self.kern, self.x.dtype
+        if self.ow >= WIDE_ROWS:
+            buf = thread_scratch("im2col-rows", kern.rows_scratch(p0, p1, self.ow, self.rows), dt)
+            for i in range(n0, n1):
+                at = col0 + (i - n0) * (p1 - p0)
+                kern.im2col_rows(x[i : i + 1], 0, p0, p1, self.ow, self.geom, cols, at, buf)
+            return
+        taps = self.fh * self.fw
+        table = thread_scratch("im2col-taps", taps * (p1 - p0), np.int64)[: taps * (p1 - p0)]
+        table = table.reshape(taps, p1 - p0)
+        kern.tap_offsets(p0, p1, self.ow, self.geom, x.shape[2], x.shape[3], table)
+        for i in range(n0, n1):
+            kern.im2col_block(x[i : i + 1], 0, table, cols, col0 + (i - n0) * (p1 - p0))
+
+
 def im2col_forward(
     x: FloatArray, f: FloatArray, bias: FloatArray | None, y: FloatArray, geometry: tuple[int, ...]
 ) -> None:
     """``y`` = convolution of ``x`` with ``f`` [K, C, Fh, Fw] (one group), im2col block by block.
 
-    ``geometry``: (pt, pl, sh, sw, dh, dw).
+    ``geometry``: (pt, pl, sh, sw, dh, dw). Few output pixels in all (fewer than
+    :data:`MIN_COLUMNS` per task at two tasks per thread: one small image, or a few
+    7x7 ones) take :func:`_im2col_shared` instead.
     """
-    pt, pl, sh, sw, dh, dw = geometry
     n, c = x.shape[0], x.shape[1]
     k, _, fh, fw = f.shape
     oh, ow = y.shape[2], y.shape[3]
     pixels, crs = oh * ow, c * fh * fw
     dt: Any = x.dtype
-    kern = kernels("_kcols")
-    geometry_rows = (fh, fw, sh, sw, pt, pl, dh, dw)
-    geom = np.array(geometry_rows, dtype=np.int64)
+    columns = _Columns(x, fh, fw, ow, geometry)
     fmat = np.ascontiguousarray(f.reshape(k, crs))
     ys = y.reshape(n, k, pixels)
+    if n * pixels < 2 * workers() * MIN_COLUMNS and k >= 2 * MIN_CHANNELS:
+        _im2col_shared(columns, fmat, bias, ys)
+        return
     tasks = _column_tasks(n, pixels, crs)
 
     def run(items: Iterator[int]) -> None:
@@ -191,16 +258,7 @@ def im2col_forward(
             n0, n1, p0, p1 = tasks[t]
             width = (n1 - n0) * (p1 - p0)
             cols = thread_scratch("im2col", crs * width, dt)[: crs * width].reshape(crs, width)
-            if ow >= WIDE_ROWS:
-                buf = thread_scratch("im2col-rows", kern.rows_scratch(p0, p1, ow, geometry_rows), dt)
-                for i in range(n0, n1):
-                    kern.im2col_rows(x, i, p0, p1, ow, geom, cols, (i - n0) * (p1 - p0), buf)
-            else:
-                table = thread_scratch("im2col-taps", fh * fw * (p1 - p0), np.int64)
-                table = table[: fh * fw * (p1 - p0)].reshape(fh * fw, p1 - p0)
-                kern.tap_offsets(p0, p1, ow, geom, x.shape[2], x.shape[3], table)
-                for i in range(n0, n1):
-                    kern.im2col_block(x, i, table, cols, (i - n0) * (p1 - p0))
+            columns.fill(n0, n1, p0, p1, 0, c, cols)
             if n1 == n0 + 1:
                 np.matmul(fmat, cols, out=ys[n0, :, p0:p1])
             else:
@@ -211,3 +269,43 @@ def im2col_forward(
                 ys[n0:n1, :, p0:p1] += bias[:, None]
 
     _pull(len(tasks), run)
+
+
+def _im2col_shared(columns: _Columns, fmat: FloatArray, bias: FloatArray | None, ys: FloatArray) -> None:
+    """im2col for few output pixels: all columns at once, then the GEMM split by output channels.
+
+    Splitting the pixels would leave each thread a GEMM a few dozen columns wide that
+    reads the whole filter matrix (4608 x 512 floats for ResNet's last 3x3 layers) for
+    them; instead the threads build the columns by input-channel blocks, then each
+    multiplies its own block of filter rows by all of them.
+    """
+    n, k, pixels = ys.shape
+    c = columns.x.shape[1]
+    taps, width = columns.fh * columns.fw, n * pixels
+    cols = thread_scratch("im2col-shared", c * taps * width, fmat.dtype)[: c * taps * width]
+    cols = cols.reshape(c * taps, width)
+    fills = [(i, c0, c1) for i in range(n) for c0, c1 in _split(c, max(1, min(c, -(-2 * workers() // n))))]
+
+    def fill(items: Iterator[int]) -> None:
+        for t in items:
+            i, c0, c1 = fills[t]
+            columns.fill(i, i + 1, 0, pixels, c0, c1, cols[c0 * taps : c1 * taps], i * pixels)
+
+    parts = _split(k, max(1, min(2 * workers(), k // MIN_CHANNELS)))
+
+    def multiply(items: Iterator[int]) -> None:
+        for t in items:
+            k0, k1 = parts[t]
+            if n == 1:
+                out = ys[0, k0:k1]
+                np.matmul(fmat[k0:k1], cols, out=out)
+            else:
+                out = thread_scratch("im2col-out", (k1 - k0) * width, fmat.dtype)[: (k1 - k0) * width]
+                out = out.reshape(k1 - k0, width)
+                np.matmul(fmat[k0:k1], cols, out=out)
+                ys[:, k0:k1] = out.reshape(k1 - k0, n, pixels).transpose(1, 0, 2)
+            if bias is not None:
+                ys[:, k0:k1] += bias[k0:k1, None]
+
+    _pull(len(fills), fill)
+    _pull(len(parts), multiply)

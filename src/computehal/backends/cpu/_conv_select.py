@@ -7,7 +7,9 @@ results that never read it). The choices, measured against the machine's sgemm r
 with ``computehal bench`` (ratios in the module docstrings of each algorithm):
 
 * 1x1 convolutions without padding (one group): GEMMs on the images in place
-  (:mod:`._conv_gemm`), split into row blocks over the worker threads, all three passes.
+  (:mod:`._conv_gemm`), split into row blocks over the worker threads, all three passes;
+  the forward pass also splits the output channels where the pixels give fewer than two
+  tasks per thread (batch 1 at 14x14 and 7x7 ran on one core before).
 * 3x3 stride-1 convolutions (one group, no dilation, at least :data:`WINOGRAD_MIN_CHANNELS`
   channels in and out, :data:`WINOGRAD_MIN_MACS` multiply-adds or more, at least
   :data:`WINOGRAD_MIN_TILES` output tiles), float32: Winograd F(4x4, 3x3)
@@ -18,7 +20,9 @@ with ``computehal bench`` (ratios in the module docstrings of each algorithm):
 * Other forward convolutions with one group that are strided, have few input channels
   or small images (the 7x7 stride-2 stem, 256 / 512 channels at 14x14 / 7x7): im2col
   blocks that stay in cache, batched over small images (:mod:`._conv_gemm`); the
-  per-tap GEMMs of the general path run at half its rate on 7x7 images.
+  per-tap GEMMs of the general path run at half its rate on 7x7 images. With few output
+  pixels in all (batch 1 from 28x28 down), the columns are built once and the threads
+  split the GEMM by output channels instead of reading the whole filter matrix each.
 
 No oneDNN build with a C API installs from a wheel here (no ``onednn`` / ``dnnl``
 package on the index), so the algorithms are written with numba and NumPy's / SciPy's
@@ -54,8 +58,10 @@ WINOGRAD_MAX_FILTER = 1 << 20
 #: Fewest output tiles of a Winograd variant: below, writing and reading the transformed
 #: filter costs more than the GEMMs save, and the GEMMs are too narrow (ResNet's
 #: 512-channel 7x7 layer at batch 8 has 32 4x4 tiles: 0.40 of sgemm by F(4x4, 3x3),
-#: 0.54-0.69 by im2col, single core; it has 128 2x2 tiles, for F(2x2, 3x3)).
-WINOGRAD_MIN_TILES = 64
+#: 0.54-0.69 by im2col, single core; it has 128 2x2 tiles, for F(2x2, 3x3)). 128 channels
+#: at 28x28, batch 1 (49 tiles), CPU time against a one-thread sgemm: F(4x4, 3x3) 0.80,
+#: F(2x2, 3x3) 0.73, per-tap GEMMs 0.72, im2col 0.54.
+WINOGRAD_MIN_TILES = 48
 #: Fewest 2x2 tiles of F(2x2, 3x3): its filter transform (16 C K floats written, read
 #: back by the GEMMs) only pays off over many tiles. ResNet's 512-channel 7x7 layer,
 #: one core: batch 8 (128 tiles) 20.5 ms vs 16.7 ms by im2col; batch 32 (512 tiles)
