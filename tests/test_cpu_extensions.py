@@ -195,9 +195,26 @@ def test_cast_in_place_and_large(be: CpuBackend) -> None:
     be.free(out)
 
 
+@pytest.mark.parametrize("pair", [("float32", "float16"), ("float16", "float32"), ("float32", "bfloat16")])
+def test_cast_streamed_outputs(be: CpuBackend, pair: tuple[str, str]) -> None:
+    """Outputs of 8 MiB and more are written by streamed lines; the ends and neighbours stay exact."""
+    src, dst = (BF16 if name == "bfloat16" else np.dtype(name) for name in pair)
+    n = (1 << 23) // dst.itemsize + 101
+    x = (RNG.standard_normal(n) * 300.0).astype(src)
+    xp = put(be, x)
+    yp = put(be, np.full(n + 8, 7, dtype=dst))
+    be.cast(xp, yp + 3 * dst.itemsize, n, dtype=pair[0], out_dtype=pair[1])
+    got = get(be, yp, (n + 8,), dst)
+    np.testing.assert_array_equal(bits(got[3 : n + 3]), bits(x.astype(np.float32).astype(dst)))
+    assert (got[:3] == 7).all() and (got[n + 3 :] == 7).all()
+    be.free(xp)
+    be.free(yp)
+
+
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
 def test_fill(be: CpuBackend, dtype: Any) -> None:
-    for count in (5, 400_000):
+    # The last count fills 8 MiB and more: whole lines streamed, the ragged ends stored plainly.
+    for count in (5, 400_000, (1 << 23) // dtype.itemsize + 37):
         ptr = put(be, np.zeros(count + 2, dtype=dtype))
         be.fill(ptr + dtype.itemsize, count, 1 + 2**-8 + 2**-30, dtype=dtype)
         out = get(be, ptr, (count + 2,), dtype)

@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from ._kstream import line_phase, store_fence, stream_copy
 from ._nb import jit, transpose8
 
-__all__ = ["TILE", "copy_tiled", "transpose_f32", "warm_up"]
+__all__ = ["TILE", "copy_tiled", "fill_lines", "line_phase", "transpose_f32", "warm_up"]
 
 #: Edge of a tile (elements): two tiles of float32 take 32 KiB, the size of L1.
 TILE = 64
@@ -78,10 +79,24 @@ def transpose_f32(
             dst[d_at + i * d_row + j] = src[s_at + i + j * s_col]
 
 
+@_jit
+def fill_lines(line: Any, dst: Any, start: int, stop: int) -> None:
+    """Lines ``[start, stop)`` of ``dst`` (64-byte aligned, 16 uint32 each) = the 16 uint32 ``line``.
+
+    Streamed past the caches: a fill only writes, and a plain store would first read
+    every line it writes.
+    """
+    for i in range(start * 16, stop * 16, 16):
+        stream_copy(line, 0, dst, i)
+    store_fence()
+
+
 def warm_up() -> None:
     """Compile (or load from numba's cache) the kernel for every element size it takes."""
     for dtype in (np.uint16, np.uint32, np.uint64):
         a = np.zeros(4, dtype=dtype)
         copy_tiled(a, 0, 2, 1, a.copy(), 0, 1, 2, 2, 2)
+    lines = np.zeros(48, dtype=np.uint32)
+    fill_lines(np.ones(16, dtype=np.uint32), lines[line_phase(lines) :], 0, 1)
     b = np.zeros(81, dtype=np.float32)
     transpose_f32(b, 0, 9, b.copy(), 0, 9, 9, 9)

@@ -16,7 +16,7 @@ from ... import validation as v
 from ...errors import InvalidArgumentError
 from .._common import fill_pattern
 from ._plumbing import CpuPlumbing
-from ._runtime import PARALLEL_THRESHOLD, parallel_ranges
+from ._runtime import PARALLEL_THRESHOLD, kernels, parallel_ranges
 from ._strided import copy_layout, simplify
 
 __all__ = ["MovementOps"]
@@ -30,6 +30,8 @@ _BITS: dict[int, np.dtype[Any]] = {
 }
 #: Bytes per thread share of a plain copy or fill.
 _COPY_GRAIN = 1 << 20
+#: Fills of at least this many bytes are written by streamed lines, past the caches.
+STREAM_MIN_BYTES = 1 << 23
 
 
 class MovementOps(CpuPlumbing):
@@ -48,6 +50,8 @@ class MovementOps(CpuPlumbing):
 
     def _exec_fill(self, p: v.FillProblem) -> None:
         pattern = fill_pattern(p.value, p.dtype)  # rounded once to the dtype, as bits
+        if p.count * p.dtype.itemsize >= STREAM_MIN_BYTES and self._fill_streamed(p, pattern):
+            return
         raw = np.frombuffer(pattern.tobytes(), dtype=np.uint8)
         if (raw == raw[0]).all():
             # One repeated byte (0.0, say): memset, whose streaming stores skip reading the lines.
@@ -64,6 +68,22 @@ class MovementOps(CpuPlumbing):
             out[start:stop] = pattern
 
         parallel_ranges(p.count, run, grain=max(1, _COPY_GRAIN // p.dtype.itemsize))
+
+    def _fill_streamed(self, p: v.FillProblem, pattern: npt.NDArray[Any]) -> bool:
+        """A large fill by whole 64-byte lines streamed past the caches; False where it cannot."""
+        compiled = kernels("_kmove")
+        out = self._flat(p.region, pattern.dtype)[: p.count]
+        phase = -1 if compiled is None else compiled.line_phase(out)
+        if phase < 0:
+            return False
+        per_line = 64 // out.dtype.itemsize
+        lines = (p.count - phase) // per_line
+        body = out[phase : phase + lines * per_line].view(np.uint32)
+        line = np.ascontiguousarray(np.broadcast_to(pattern, per_line)).view(np.uint32)
+        out[:phase] = pattern
+        out[phase + lines * per_line :] = pattern
+        parallel_ranges(lines, lambda start, stop: compiled.fill_lines(line, body, start, stop), grain=1024)
+        return True
 
     def _exec_copy_strided(self, p: v.StridedProblem) -> None:
         bits = _BITS[p.dtype.itemsize]
