@@ -60,6 +60,44 @@ fn finish(op: u32, value: f32) -> f32 {
     return value;
 }
 
+// Start of `slice` without the buffer offsets: its element l is at base + l * inner.
+fn slice_base(slice: u32) -> u32 {
+    return (slice / P.inner) * P.length * P.inner + slice % P.inner;
+}
+
+// [lo, hi): the elements [c * chunk, (c + 1) * chunk) of a slice that chunk c of a split
+// pass folds.
+fn chunk_range(c: u32) -> vec2<u32> {
+    let lo = c * P.chunk;
+    return vec2<u32>(lo, min(lo + P.chunk, P.length));
+}
+
+// X[first + l * inner] for l = start, start + step, ... < end, folded with `op` from its
+// identity.
+fn fold(op: u32, first: u32, start: u32, end: u32, step: u32) -> f32 {
+    var value = identity(op);
+    for (var l = start; l < end; l += step) {
+        value = combine(op, value, X[first + l * P.inner]);
+    }
+    return value;
+}
+
+// `mine` folded with `op` over the workgroup with a tree in workgroup memory; every
+// invocation gets the result.
+fn tree_fold(op: u32, lidx: u32, mine: f32) -> f32 {
+    partial[lidx] = mine;
+    for (var half = WG / 2u; half > 0u; half /= 2u) {
+        workgroupBarrier();
+        if (lidx < half) {
+            partial[lidx] = combine(op, partial[lidx], partial[lidx + half]);
+        }
+    }
+    workgroupBarrier();
+    let result = partial[0];
+    workgroupBarrier();
+    return result;
+}
+
 @compute @workgroup_size(256)
 fn reduce_thread(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -70,24 +108,8 @@ fn reduce_thread(
     if (slice >= P.slices) {
         return;
     }
-    let o = slice / P.inner;
-    let t = slice % P.inner;
-    let base = P.in_off + o * P.length * P.inner + t;
-    var value = identity(P.op);
-    for (var l = 0u; l < P.length; l++) {
-        value = combine(P.op, value, X[base + l * P.inner]);
-    }
+    let value = fold(P.op, P.in_off + slice_base(slice), 0u, P.length, 1u);
     Y[P.out_off + slice] = finish(P.op, value);
-}
-
-fn tree(op: u32, lidx: u32) {
-    for (var half = WG / 2u; half > 0u; half /= 2u) {
-        workgroupBarrier();
-        if (lidx < half) {
-            partial[lidx] = combine(op, partial[lidx], partial[lidx + half]);
-        }
-    }
-    workgroupBarrier();
 }
 
 @compute @workgroup_size(256)
@@ -100,17 +122,10 @@ fn reduce_group(
     if (slice >= P.slices) {
         return;
     }
-    let o = slice / P.inner;
-    let t = slice % P.inner;
-    let base = P.in_off + o * P.length * P.inner + t;
-    var value = identity(P.op);
-    for (var l = lidx; l < P.length; l += WG) {
-        value = combine(P.op, value, X[base + l * P.inner]);
-    }
-    partial[lidx] = value;
-    tree(P.op, lidx);
+    let mine = fold(P.op, P.in_off + slice_base(slice), lidx, P.length, WG);
+    let value = tree_fold(P.op, lidx, mine);
     if (lidx == 0u) {
-        Y[P.out_off + slice] = finish(P.op, partial[0]);
+        Y[P.out_off + slice] = finish(P.op, value);
     }
 }
 
@@ -125,27 +140,19 @@ fn reduce_partial(
 ) {
     let c = wid.x;
     let slice = wid.y;
-    let o = slice / P.inner;
-    let t = slice % P.inner;
-    let base = P.in_off + o * P.length * P.inner + t;
-    let lo = c * P.chunk;
-    let hi = min(lo + P.chunk, P.length);
-    var value = identity(P.op);
-    for (var l = lo + lidx; l < hi; l += WG) {
-        value = combine(P.op, value, X[base + l * P.inner]);
-    }
-    partial[lidx] = value;
-    tree(P.op, lidx);
+    let range = chunk_range(c);
+    let mine = fold(P.op, P.in_off + slice_base(slice), range.x + lidx, range.y, WG);
+    let value = tree_fold(P.op, lidx, mine);
     if (lidx == 0u) {
-        Y[P.out_off + slice * nwg.x + c] = partial[0];
+        Y[P.out_off + slice * nwg.x + c] = value;
     }
 }
 
-// (fmax from -inf, NaN count) of X[first + l * inner] for l = start, start + WG, ... < end.
-fn local_peak(first: u32, start: u32, end: u32) -> vec2<f32> {
+// (fmax from -inf, NaN count) of X[first + l * inner] for l = start, start + step, ... < end.
+fn local_peak(first: u32, start: u32, end: u32, step: u32) -> vec2<f32> {
     var peak = f32_neg_inf();
     var nan_count = 0.0;
-    for (var l = start; l < end; l += WG) {
+    for (var l = start; l < end; l += step) {
         let x = X[first + l * P.inner];
         nan_count += select(0.0, 1.0, is_nan(x));
         peak = fmax_nan(peak, x);
@@ -171,6 +178,22 @@ fn tree_stats(lidx: u32, mine: vec2<f32>) -> vec2<f32> {
     return result;
 }
 
+// A slice with (peak, NaN count) `stats` is NaN throughout when it holds a NaN or its
+// peak is not finite (all -inf, or a +inf present), exactly as IEEE arithmetic of
+// exp(x - peak) / sum would make it.
+fn poisoned_by(stats: vec2<f32>) -> bool {
+    return stats.y > 0.0 || !is_finite(stats.x);
+}
+
+// Sum of exp(X[first + l * inner] - peak) for l = start, start + step, ... < end.
+fn exp_sum(first: u32, start: u32, end: u32, step: u32, peak: f32) -> f32 {
+    var total = 0.0;
+    for (var l = start; l < end; l += step) {
+        total += exp(X[first + l * P.inner] - peak);
+    }
+    return total;
+}
+
 // One output of a softmax slice with maximum `peak` and sum of exp(x - peak) `total`:
 // exp(x - peak) / total, or with op 1 (log-softmax) x - peak - log(total), so that -inf
 // entries stay -inf. A poisoned slice is NaN.
@@ -184,9 +207,16 @@ fn softmax_value(x: f32, peak: f32, total: f32, poisoned: bool) -> f32 {
     return exp(x - peak) / total;
 }
 
-// Softmax of one slice. peak = fmax over the slice from -inf; a NaN anywhere, or a
-// peak that is not finite (all -inf, or a +inf present), makes the slice NaN exactly
-// as IEEE arithmetic of exp(x - peak) / sum would.
+// Writes the softmax outputs of elements l = start, start + step, ... < end of the slice
+// at `base` (without the buffer offsets).
+fn write_softmax(base: u32, start: u32, end: u32, step: u32, peak: f32, total: f32, poisoned: bool) {
+    for (var l = start; l < end; l += step) {
+        let idx = base + l * P.inner;
+        Y[P.out_off + idx] = softmax_value(X[P.in_off + idx], peak, total, poisoned);
+    }
+}
+
+// Softmax of one slice. peak = fmax over the slice from -inf; see poisoned_by.
 @compute @workgroup_size(256)
 fn softmax_thread(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -197,25 +227,10 @@ fn softmax_thread(
     if (slice >= P.slices) {
         return;
     }
-    let o = slice / P.inner;
-    let t = slice % P.inner;
-    let base = o * P.length * P.inner + t;
-    var peak = f32_neg_inf();
-    var poisoned = false;
-    for (var l = 0u; l < P.length; l++) {
-        let x = X[P.in_off + base + l * P.inner];
-        poisoned = poisoned || is_nan(x);
-        peak = fmax_nan(peak, x);
-    }
-    poisoned = poisoned || !is_finite(peak);
-    var total = 0.0;
-    for (var l = 0u; l < P.length; l++) {
-        total += exp(X[P.in_off + base + l * P.inner] - peak);
-    }
-    for (var l = 0u; l < P.length; l++) {
-        let idx = base + l * P.inner;
-        Y[P.out_off + idx] = softmax_value(X[P.in_off + idx], peak, total, poisoned);
-    }
+    let base = slice_base(slice);
+    let stats = local_peak(P.in_off + base, 0u, P.length, 1u);
+    let total = exp_sum(P.in_off + base, 0u, P.length, 1u, stats.x);
+    write_softmax(base, 0u, P.length, 1u, stats.x, total, poisoned_by(stats));
 }
 
 @compute @workgroup_size(256)
@@ -228,23 +243,10 @@ fn softmax_group(
     if (slice >= P.slices) {
         return;
     }
-    let o = slice / P.inner;
-    let t = slice % P.inner;
-    let base = o * P.length * P.inner + t;
-    let stats = tree_stats(lidx, local_peak(P.in_off + base, lidx, P.length));
-    let slice_peak = stats.x;
-    let poisoned = stats.y > 0.0 || !is_finite(slice_peak);
-    var total = 0.0;
-    for (var l = lidx; l < P.length; l += WG) {
-        total += exp(X[P.in_off + base + l * P.inner] - slice_peak);
-    }
-    partial[lidx] = total;
-    tree(REDUCE_SUM, lidx);
-    let slice_total = partial[0];
-    for (var l = lidx; l < P.length; l += WG) {
-        let idx = base + l * P.inner;
-        Y[P.out_off + idx] = softmax_value(X[P.in_off + idx], slice_peak, slice_total, poisoned);
-    }
+    let base = slice_base(slice);
+    let stats = tree_stats(lidx, local_peak(P.in_off + base, lidx, P.length, WG));
+    let total = tree_fold(REDUCE_SUM, lidx, exp_sum(P.in_off + base, lidx, P.length, WG, stats.x));
+    write_softmax(base, lidx, P.length, WG, stats.x, total, poisoned_by(stats));
 }
 
 // Softmax of few very long slices in three passes over a grid of (chunk, slice)
@@ -261,10 +263,8 @@ fn softmax_split_stats(
 ) {
     let c = wid.x;
     let slice = wid.y;
-    let base = P.in_off + (slice / P.inner) * P.length * P.inner + slice % P.inner;
-    let lo = c * P.chunk;
-    let hi = min(lo + P.chunk, P.length);
-    let stats = tree_stats(lidx, local_peak(base, lo + lidx, hi));
+    let range = chunk_range(c);
+    let stats = tree_stats(lidx, local_peak(P.in_off + slice_base(slice), range.x + lidx, range.y, WG));
     if (lidx == 0u) {
         let at = 2u * (slice * nwg.x + c);
         T[at] = stats.x;
@@ -272,8 +272,8 @@ fn softmax_split_stats(
     }
 }
 
-// The peak of `slice` and whether the slice is poisoned, from pass 1's results (every
-// invocation of the workgroup gets the same values).
+// The (peak, NaN count) of `slice` from pass 1's results (every invocation of the
+// workgroup gets the same values).
 fn split_peak(slice: u32, chunks: u32, lidx: u32) -> vec2<f32> {
     var peak = f32_neg_inf();
     var nan_count = 0.0;
@@ -293,18 +293,12 @@ fn softmax_split_sums(
 ) {
     let c = wid.x;
     let slice = wid.y;
-    let base = P.in_off + (slice / P.inner) * P.length * P.inner + slice % P.inner;
-    let lo = c * P.chunk;
-    let hi = min(lo + P.chunk, P.length);
+    let range = chunk_range(c);
     let peak = split_peak(slice, nwg.x, lidx).x;
-    var total = 0.0;
-    for (var l = lo + lidx; l < hi; l += WG) {
-        total += exp(X[base + l * P.inner] - peak);
-    }
-    partial[lidx] = total;
-    tree(REDUCE_SUM, lidx);
+    let mine = exp_sum(P.in_off + slice_base(slice), range.x + lidx, range.y, WG, peak);
+    let total = tree_fold(REDUCE_SUM, lidx, mine);
     if (lidx == 0u) {
-        T[2u * P.slices * nwg.x + slice * nwg.x + c] = partial[0];
+        T[2u * P.slices * nwg.x + slice * nwg.x + c] = total;
     }
 }
 
@@ -317,22 +311,13 @@ fn softmax_split_write(
     let c = wid.x;
     let slice = wid.y;
     let chunks = nwg.x;
-    let base = (slice / P.inner) * P.length * P.inner + slice % P.inner;
-    let lo = c * P.chunk;
-    let hi = min(lo + P.chunk, P.length);
+    let range = chunk_range(c);
     let stats = split_peak(slice, chunks, lidx);
-    let peak = stats.x;
-    let poisoned = stats.y > 0.0 || !is_finite(peak);
-    var total = 0.0;
+    var sum = 0.0;
     let sums = 2u * P.slices * chunks + slice * chunks;
     for (var k = lidx; k < chunks; k += WG) {
-        total += T[sums + k];
+        sum += T[sums + k];
     }
-    partial[lidx] = total;
-    tree(REDUCE_SUM, lidx);
-    let slice_total = partial[0];
-    for (var l = lo + lidx; l < hi; l += WG) {
-        let idx = base + l * P.inner;
-        Y[P.out_off + idx] = softmax_value(X[P.in_off + idx], peak, slice_total, poisoned);
-    }
+    let total = tree_fold(REDUCE_SUM, lidx, sum);
+    write_softmax(slice_base(slice), range.x + lidx, range.y, WG, stats.x, total, poisoned_by(stats));
 }

@@ -11,6 +11,8 @@ x and (image, channel) in grid y, at most 65535 per launch (whole images per pie
 
 from __future__ import annotations
 
+from typing import Any
+
 from ... import validation as v
 from ...types import ReduceOp
 from .._common import REDUCE_CODES, ceil_div, chunks
@@ -106,24 +108,29 @@ class AxisOps(CudaCore):
         """Pieces of whole images with at most 65535 (image, channel) rows each."""
         return list(chunks(n, 0, most=max(1, GRID_YZ_MAX // max(1, c))))
 
-    def _exec_batch_norm(self, p: v.BatchNormProblem) -> None:
+    def _per_image(self, p: v.BatchNormProblem | v.LrnProblem, kernel: str, *tail: Any) -> None:
+        """Launch ``kernel`` over (position, image x channel) in pieces of whole images.
+
+        Its arguments: input and output (pointer, element offset of the piece), then ``tail``.
+        """
         unit, block = norm_unit(real_of(p.dtype.name)), _row_block(p.spatial)
         per_image = p.c * p.spatial
         for n0, n1 in self._image_pieces(p.n, p.c, p.spatial):
             self._launch(
-                unit, "batch_norm", (ceil_div(p.spatial, block), (n1 - n0) * p.c), (block, 1),
-                Ptr(p.input.ptr), I64(n0 * per_image), Ptr(p.output.ptr), I64(n0 * per_image),
-                Ptr(p.scale.ptr), I64(0), Ptr(p.bias.ptr), I64(0), Ptr(p.mean.ptr), I64(0),
-                Ptr(p.var.ptr), I64(0), I64(p.c), I64(p.spatial), I64(1), scalar(p.eps, p.dtype),
+                unit, kernel, (ceil_div(p.spatial, block), (n1 - n0) * p.c), (block, 1),
+                Ptr(p.input.ptr), I64(n0 * per_image), Ptr(p.output.ptr), I64(n0 * per_image), *tail,
             )  # fmt: skip
 
+    def _exec_batch_norm(self, p: v.BatchNormProblem) -> None:
+        self._per_image(
+            p, "batch_norm",
+            Ptr(p.scale.ptr), I64(0), Ptr(p.bias.ptr), I64(0), Ptr(p.mean.ptr), I64(0),
+            Ptr(p.var.ptr), I64(0), I64(p.c), I64(p.spatial), I64(1), scalar(p.eps, p.dtype),
+        )  # fmt: skip
+
     def _exec_lrn(self, p: v.LrnProblem) -> None:
-        unit, block = norm_unit(real_of(p.dtype.name)), _row_block(p.spatial)
-        per_image = p.c * p.spatial
-        for n0, n1 in self._image_pieces(p.n, p.c, p.spatial):
-            self._launch(
-                unit, "lrn", (ceil_div(p.spatial, block), (n1 - n0) * p.c), (block, 1),
-                Ptr(p.input.ptr), I64(n0 * per_image), Ptr(p.output.ptr), I64(n0 * per_image),
-                I64(p.c), I64(p.spatial), I64(1), I64(p.size),
-                *(scalar(x, p.dtype) for x in (p.alpha, p.beta, p.bias)),
-            )  # fmt: skip
+        self._per_image(
+            p, "lrn",
+            I64(p.c), I64(p.spatial), I64(1), I64(p.size),
+            *(scalar(x, p.dtype) for x in (p.alpha, p.beta, p.bias)),
+        )  # fmt: skip

@@ -95,15 +95,10 @@ def capabilities_of(dev: Any) -> Capabilities:
     """The capabilities of ``dev`` (the backend fills in which dtypes each op takes)."""
     extensions = set(str(dev.extensions).split())
     unified = bool(dev.type & cl.device_type.CPU) or bool(device_attr(dev, "host_unified_memory"))
+    # bf16, fp8, tensor cores, peer access, cluster launch, async copy: never, the defaults.
     return Capabilities(
         supports_fp16="cl_khr_fp16" in extensions,
-        supports_bf16=False,
-        supports_fp8=False,
-        tensor_cores=False,
-        peer_access=False,
         unified_memory=unified,
-        cluster_launch=False,
-        async_copy=False,
         max_threads_per_block=int(dev.max_work_group_size),
         max_shared_mem_per_block=int(dev.local_mem_size),
         warp_size=_warp_width(dev),

@@ -112,15 +112,10 @@ def capabilities_of(adapter: Any) -> Capabilities:
         size = info_get(info, "subgroup_min_size", None) or info_get(info, "stackgroup_min_size", 0)
         subgroup = int(size or 0) or 1
     adapter_type = str(info_get(info, "adapter_type", "")).lower()
+    # bf16, fp8, tensor cores, peer access, cluster launch, async copy: never, the defaults.
     return Capabilities(
         supports_fp16="shader-f16" in features,
-        supports_bf16=False,
-        supports_fp8=False,
-        tensor_cores=False,
-        peer_access=False,
         unified_memory=adapter_type in ("cpu", "integratedgpu", "integrated-gpu"),
-        cluster_launch=False,
-        async_copy=False,
         max_threads_per_block=int(limits.get("max-compute-invocations-per-workgroup", 256)),
         max_shared_mem_per_block=int(limits.get("max-compute-workgroup-storage-size", 16384)),
         warp_size=subgroup,
