@@ -18,39 +18,41 @@
 #include "gemm_tile.h"
 #include "gemm_round.h"
 
+/* One packed value per panel row: dst[r] = op(M)(panel * width + r, p) for r < width, zero
+ * for rows >= rows. op(M) is rows x k; `along_k`: M holds that element at p + row * ld (else
+ * at row + p * ld). mode: 0 copy, 1 round to f16, 2 round to bf16. */
+DEVICE void chal_pack_panel(GLOBAL const REAL* src, int ld, int along_k, i64 panel, int width, i64 rows,
+                            i64 p, GLOBAL REAL* dst, int mode) {
+    for (int r = 0; r < width; ++r) {
+        i64 row = panel * width + r;
+        REAL v = (REAL)0;
+        if (row < rows) v = chal_round(along_k ? src[p + row * (i64)ld] : src[row + p * (i64)ld], mode);
+        dst[r] = v;
+    }
+}
+
 /* Pack op(A) (m x k) into MR-row panels: one work-item writes the MR values of one panel at
- * one p. Grid: (k, A panels, batches). mode: 0 copy, 1 round to f16, 2 round to bf16. */
+ * one p. Grid: (k, A panels, batches). */
 KERNEL void pack_a(GLOBAL const REAL* RESTRICT a, i64 a_off, i64 a_stride, int lda, int trans,
                    int m, int k, GLOBAL REAL* RESTRICT ap, i64 ap_stride, int mode) {
     i64 p = GID(0);
     i64 ib = GID(1);
     i64 bat = GID(2);
     if (p >= k || ib * MR >= m) return;
-    GLOBAL const REAL* src = a + a_off + bat * a_stride;
     GLOBAL REAL* dst = ap + bat * ap_stride + ib * (i64)k * MR + p * MR;
-    for (int r = 0; r < MR; ++r) {
-        i64 i = ib * MR + r;
-        REAL v = (REAL)0;
-        if (i < m) v = chal_round(trans ? src[p + i * (i64)lda] : src[i + p * (i64)lda], mode);
-        dst[r] = v;
-    }
+    chal_pack_panel(a + a_off + bat * a_stride, lda, trans, ib, MR, m, p, dst, mode);
 }
 
-/* Pack op(B) (k x n) into NR-column panels. Grid: (k, B panels, batches). */
+/* Pack op(B) (k x n) into NR-column panels: the rows of op(B)^T, which is B read the other
+ * way. Grid: (k, B panels, batches). */
 KERNEL void pack_b(GLOBAL const REAL* RESTRICT b, i64 b_off, i64 b_stride, int ldb, int trans,
                    int k, int n, GLOBAL REAL* RESTRICT bp, i64 bp_stride, int mode) {
     i64 p = GID(0);
     i64 jb = GID(1);
     i64 bat = GID(2);
     if (p >= k || jb * NR >= n) return;
-    GLOBAL const REAL* src = b + b_off + bat * b_stride;
     GLOBAL REAL* dst = bp + bat * bp_stride + jb * (i64)k * NR + p * NR;
-    for (int cc = 0; cc < NR; ++cc) {
-        i64 j = jb * NR + cc;
-        REAL v = (REAL)0;
-        if (j < n) v = chal_round(trans ? src[j + p * (i64)ldb] : src[p + j * (i64)ldb], mode);
-        dst[cc] = v;
-    }
+    chal_pack_panel(b + b_off + bat * b_stride, ldb, !trans, jb, NR, n, p, dst, mode);
 }
 
 /* C = alpha * Ap * Bp + beta * C. One work-item owns an MR x (NR * nb) strip of C.

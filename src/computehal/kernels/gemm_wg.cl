@@ -43,6 +43,30 @@
 #define TN (TSY * WN)
 #define NT (TSX * TSY)
 
+/* Stage the tile x TK slice of an operand seen as rows x k (op(A), or op(B) transposed) into
+ * local memory: tile[q * pitch + r] = M(row0 + r, p0 + q), zero outside the matrix. Element
+ * (row, p) is at row * rs + p * ks (layout 0) or in packed panels of height `panel` (layout
+ * 1); `rows_fast`: neighbouring work-items take neighbouring rows (else neighbouring p). */
+DEVICE void chal_stage(LOCAL REAL* tile, int pitch, int tile_rows, GLOBAL const REAL* src, i64 rs, i64 ks,
+                       int layout, int panel, int rows_fast, i64 row0, int rows, int p0, int k, int t,
+                       int mode) {
+#pragma unroll
+    for (int s = 0; s < (tile_rows * TK + NT - 1) / NT; ++s) {
+        const int e = t + s * NT;
+        if ((tile_rows * TK) % NT != 0 && e >= tile_rows * TK) break;
+        int r = rows_fast ? e % tile_rows : e / TK;
+        int q = rows_fast ? e / tile_rows : e % TK;
+        i64 row = row0 + r;
+        i64 p = p0 + q;
+        REAL val = (REAL)0;
+        if (row < rows && p < k) {
+            i64 at = layout == 0 ? row * rs + p * ks : (row / panel) * (i64)k * panel + p * panel + (row % panel);
+            val = chal_round(src[at], mode);
+        }
+        tile[q * pitch + r] = val;
+    }
+}
+
 KERNEL void gemm_wg(GLOBAL const REAL* RESTRICT a, i64 a_off, i64 a_stride, i64 a_rs, i64 a_cs, int a_layout,
                     GLOBAL const REAL* RESTRICT b, i64 b_off, i64 b_stride, i64 b_rs, i64 b_cs, int b_layout,
                     GLOBAL REAL* c, i64 c_off, i64 c_stride, int ldc, int m, int n, int k, REAL alpha,
@@ -68,36 +92,8 @@ KERNEL void gemm_wg(GLOBAL const REAL* RESTRICT a, i64 a_off, i64 a_stride, i64 
         for (int cc = 0; cc < WN; ++cc) acc[r][cc] = (REAL)0;
     }
     for (int p0 = 0; p0 < k; p0 += TK) {
-#pragma unroll
-        for (int s = 0; s < (TM * TK + NT - 1) / NT; ++s) {
-            const int e = t + s * NT;
-            if ((TM * TK) % NT != 0 && e >= TM * TK) break;
-            int r = a_rows_fast ? e % TM : e / TK;
-            int q = a_rows_fast ? e / TM : e % TK;
-            i64 i = i0 + r;
-            i64 p = p0 + q;
-            REAL val = (REAL)0;
-            if (i < m && p < k) {
-                i64 at = a_layout == 0 ? i * a_rs + p * a_cs : (i / MR) * (i64)k * MR + p * MR + (i % MR);
-                val = chal_round(ab[at], mode);
-            }
-            As[q][r] = val;
-        }
-#pragma unroll
-        for (int s = 0; s < (TN * TK + NT - 1) / NT; ++s) {
-            const int e = t + s * NT;
-            if ((TN * TK) % NT != 0 && e >= TN * TK) break;
-            int cc = b_cols_fast ? e % TN : e / TK;
-            int q = b_cols_fast ? e / TN : e % TK;
-            i64 j = j0 + cc;
-            i64 p = p0 + q;
-            REAL val = (REAL)0;
-            if (j < n && p < k) {
-                i64 at = b_layout == 0 ? p * b_rs + j * b_cs : (j / NR) * (i64)k * NR + p * NR + (j % NR);
-                val = chal_round(bb[at], mode);
-            }
-            Bs[q][cc] = val;
-        }
+        chal_stage(&As[0][0], TM + 1, TM, ab, a_rs, a_cs, a_layout, MR, a_rows_fast, i0, m, p0, k, t, mode);
+        chal_stage(&Bs[0][0], TN + 1, TN, bb, b_cs, b_rs, b_layout, NR, b_cols_fast, j0, n, p0, k, t, mode);
         BARRIER();
 #pragma unroll
         for (int q = 0; q < TK; ++q) {

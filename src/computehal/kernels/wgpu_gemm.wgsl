@@ -82,6 +82,31 @@ fn narrow(x: f32) -> f32 {
     return x;
 }
 
+// Slot e of a 64 x TK operand tile as (row of op(M), k): walking down a column of the
+// stored matrix when it is not `along_k` (contiguous in memory), else along k.
+fn tile_slot(e: u32, along_k: bool) -> vec2<u32> {
+    if (along_k) {
+        return vec2<u32>(e / TK, e % TK);
+    }
+    return vec2<u32>(e % TM, e / TM);
+}
+
+// Element (row, p) of op(A) (operand 0: row i of m) or op(B) (operand 1: column j of n)
+// at `base`, narrowed; 0 outside the matrix. `along_k`: the stored matrix holds that
+// element at p + row * ld (else row + p * ld).
+fn operand_at(operand: u32, row: u32, p: u32, base: u32, along_k: bool) -> f32 {
+    let rows = select(P.m, P.n, operand == 1u);
+    let ld = select(P.lda, P.ldb, operand == 1u);
+    if (row >= rows || p >= P.k) {
+        return 0.0;
+    }
+    let idx = base + select(row + p * ld, p + row * ld, along_k);
+    if (operand == 0u) {
+        return narrow(A[idx]);
+    }
+    return narrow(B[idx]);
+}
+
 @compute @workgroup_size(16, 16, 1)
 fn gemm(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -105,53 +130,10 @@ fn gemm(
     for (var p0 = 0u; p0 < P.k; p0 += TK) {
         for (var t = 0u; t < 4u; t++) {
             let e = lidx + t * 256u;
-            // Tile element e: for the untransposed operand walk down a column (contiguous
-            // in memory), for the transposed one walk along k (contiguous in memory).
-            var pa: u32;
-            var ia: u32;
-            if (P.trans_a == 0u) {
-                pa = e / TM;
-                ia = e % TM;
-            } else {
-                ia = e / TK;
-                pa = e % TK;
-            }
-            let gi = row0 + ia;
-            let gp = p0 + pa;
-            var av = 0.0;
-            if (gi < P.m && gp < P.k) {
-                var idx: u32;
-                if (P.trans_a == 0u) {
-                    idx = gi + gp * P.lda;
-                } else {
-                    idx = gp + gi * P.lda;
-                }
-                av = narrow(A[a_base + idx]);
-            }
-            As[pa * TM + ia] = av;
-
-            var pb: u32;
-            var jb: u32;
-            if (P.trans_b == 0u) {
-                jb = e / TK;
-                pb = e % TK;
-            } else {
-                pb = e / TN;
-                jb = e % TN;
-            }
-            let gj = col0 + jb;
-            let gq = p0 + pb;
-            var bv = 0.0;
-            if (gj < P.n && gq < P.k) {
-                var idx: u32;
-                if (P.trans_b == 0u) {
-                    idx = gq + gj * P.ldb;
-                } else {
-                    idx = gj + gq * P.ldb;
-                }
-                bv = narrow(B[b_base + idx]);
-            }
-            Bs[pb * TN + jb] = bv;
+            let ca = tile_slot(e, P.trans_a != 0u);
+            As[ca.y * TM + ca.x] = operand_at(0u, row0 + ca.x, p0 + ca.y, a_base, P.trans_a != 0u);
+            let cb = tile_slot(e, P.trans_b == 0u);
+            Bs[cb.y * TN + cb.x] = operand_at(1u, col0 + cb.x, p0 + cb.y, b_base, P.trans_b == 0u);
         }
         workgroupBarrier();
         for (var pp = 0u; pp < TK; pp++) {
