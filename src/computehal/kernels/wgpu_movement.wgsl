@@ -35,6 +35,16 @@ fn merge(w: u32, old: u32, new_bytes: u32, span: vec2<u32>) -> u32 {
     return (old & keep) | (new_bytes & ~keep);
 }
 
+// Word w takes the bytes of `bytes` that fall in this call's range and keeps the others.
+fn store_word(w: u32, bytes: u32) {
+    let span = word_span(w);
+    if (span.y - span.x == 4u) {
+        D[w] = bytes;
+    } else {
+        D[w] = merge(w, D[w], bytes, span);
+    }
+}
+
 @compute @workgroup_size(256)
 fn fill_words(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -45,13 +55,7 @@ fn fill_words(
     if (t >= P.words) {
         return;
     }
-    let w = P.dst_byte / 4u + t;
-    let span = word_span(w);
-    if (span.y - span.x == 4u) {
-        D[w] = P.pattern;
-    } else {
-        D[w] = merge(w, D[w], P.pattern, span);
-    }
+    store_word(P.dst_byte / 4u + t, P.pattern);
 }
 
 // The 4 source bytes that land in destination word w, starting at absolute source byte s0
@@ -88,13 +92,7 @@ fn copy_bytes(
         return;
     }
     let w = P.dst_byte / 4u + t;
-    let span = word_span(w);
     // Source byte that lands on the first byte of word w.
     let s0 = i32(P.src_byte) + i32(w * 4u) - i32(P.dst_byte);
-    let bytes = source_word(s0);
-    if (span.y - span.x == 4u) {
-        D[w] = bytes;
-    } else {
-        D[w] = merge(w, D[w], bytes, span);
-    }
+    store_word(w, source_word(s0));
 }

@@ -12,16 +12,7 @@ import numpy.typing as npt
 
 from ..backend import ComputeBackend
 from . import reference as ref
-from ._common import (
-    Case,
-    assert_close,
-    call_or_refuse,
-    dtype_cases,
-    eps_of,
-    rng_for,
-    storage_tol,
-    tiny_of,
-)
+from ._common import Case, assert_close, call_or_refuse, dtype_cases, eps_of, rng_for, storage_tol, tiny_of
 from .reference import storage
 from .workspace import Workspace
 
