@@ -128,6 +128,23 @@ def test_copy_strided_large_threads(be: CpuBackend) -> None:
     be.free(dp)
 
 
+@pytest.mark.parametrize("shape", [(1040, 2064), (2, 1040, 1030)])
+def test_copy_strided_streamed_transposes(be: CpuBackend, shape: tuple[int, ...]) -> None:
+    """Transposes of 8 MiB and more stream whole destination lines; ragged edges and neighbours stay exact."""
+    src = RNG.integers(0, 2**32, shape, dtype=np.uint64).astype(np.uint32)  # NaN payloads included
+    want = np.swapaxes(src, -1, -2)
+    sp, dp = put(be, src), put(be, np.full(want.size + 32, 5, np.uint32))
+    strides = src.strides[:-2] if src.ndim == 3 else ()
+    src_strides = tuple(s // 4 for s in strides) + (1, shape[-1])
+    dst_strides = tuple(s // 4 for s in want.strides[:-2]) + (shape[-2], 1)
+    be.copy_strided(dp + 64, sp, want.shape, src_strides, dst_strides)
+    got = get(be, dp, (want.size + 32,), np.uint32)
+    np.testing.assert_array_equal(got[16 : want.size + 16].reshape(want.shape), want)
+    assert (got[:16] == 5).all() and (got[want.size + 16 :] == 5).all()
+    be.free(sp)
+    be.free(dp)
+
+
 # --------------------------------------------------------------------------- cast and fill
 
 

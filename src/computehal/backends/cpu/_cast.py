@@ -17,14 +17,12 @@ from ... import validation as v
 from ...dtypes import F32, F64, bfloat16
 from ._plumbing import CpuPlumbing, FloatArray
 from ._runtime import kernels, parallel_ranges
+from ._strided import STREAM_MIN_BYTES
 
 __all__ = ["CastOps", "convert"]
 
 #: Elements converted per block by NumPy (each block's passes stay in cache).
 CAST_BLOCK = 1 << 14
-#: Outputs of at least this many bytes are written by streamed lines, past the caches
-#: (a plain store first reads the line it writes; outputs this large leave L2 anyway).
-STREAM_MIN_BYTES = 1 << 23
 
 
 def _f32_round_to_odd(src: FloatArray) -> FloatArray:

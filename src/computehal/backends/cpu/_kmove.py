@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from ._kstream import line_phase, store_fence, stream_copy
+from ._kstream import line_phase, store_fence, stream_copy, transpose16_stream
 from ._nb import jit, transpose8
 
-__all__ = ["TILE", "copy_tiled", "fill_lines", "line_phase", "transpose_f32", "warm_up"]
+__all__ = ["TILE", "copy_tiled", "fill_lines", "line_phase", "transpose_f32", "transpose_lines", "warm_up"]
 
 #: Edge of a tile (elements): two tiles of float32 take 32 KiB, the size of L1.
 TILE = 64
@@ -80,6 +80,28 @@ def transpose_f32(
 
 
 @_jit
+def transpose_lines(
+    src: Any, s_at: int, s_col: int, dst: Any, d_at: int, d_row: int, rows: int, cols: int
+) -> None:
+    """:func:`transpose_f32` by 16 x 16 blocks whose destination rows are streamed lines.
+
+    ``dst[d_at]`` starts a 64-byte line and ``d_row`` is a multiple of 16, so every
+    block row is a whole line: no destination line is read, none is written twice.
+    Blocks go down 16 source rows at a time (16 sequential read streams); the ragged
+    edges are copied element by element.
+    """
+    full_i, full_j = rows - rows % 16, cols - cols % 16
+    for j in range(0, full_j, 16):
+        for i in range(0, full_i, 16):
+            transpose16_stream(src, s_at + i + j * s_col, s_col, dst, d_at + i * d_row + j, d_row)
+    for i in range(rows):
+        start = full_j if i < full_i else 0
+        for j in range(start, cols):
+            dst[d_at + i * d_row + j] = src[s_at + i + j * s_col]
+    store_fence()
+
+
+@_jit
 def fill_lines(line: Any, dst: Any, start: int, stop: int) -> None:
     """Lines ``[start, stop)`` of ``dst`` (64-byte aligned, 16 uint32 each) = the 16 uint32 ``line``.
 
@@ -100,3 +122,6 @@ def warm_up() -> None:
     fill_lines(np.ones(16, dtype=np.uint32), lines[line_phase(lines) :], 0, 1)
     b = np.zeros(81, dtype=np.float32)
     transpose_f32(b, 0, 9, b.copy(), 0, 9, 9, 9)
+    square = np.zeros(40 * 32, dtype=np.float32)
+    out = np.zeros(40 * 32 + 16, dtype=np.float32)
+    transpose_lines(square, 0, 40, out, line_phase(out), 32, 40, 18)

@@ -17,7 +17,7 @@ from ...errors import InvalidArgumentError
 from .._common import fill_pattern
 from ._plumbing import CpuPlumbing
 from ._runtime import PARALLEL_THRESHOLD, kernels, parallel_ranges
-from ._strided import copy_layout, simplify
+from ._strided import STREAM_MIN_BYTES, copy_layout, simplify
 
 __all__ = ["MovementOps"]
 
@@ -30,8 +30,6 @@ _BITS: dict[int, np.dtype[Any]] = {
 }
 #: Bytes per thread share of a plain copy or fill.
 _COPY_GRAIN = 1 << 20
-#: Fills of at least this many bytes are written by streamed lines, past the caches.
-STREAM_MIN_BYTES = 1 << 23
 
 
 class MovementOps(CpuPlumbing):

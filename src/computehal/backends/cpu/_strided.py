@@ -19,10 +19,13 @@ from .._common import collapse
 from ._plumbing import FloatArray
 from ._runtime import PARALLEL_THRESHOLD, kernels, parallel_ranges, workers
 
-__all__ = ["Layout", "simplify", "strided_view", "split_run", "copy_layout"]
+__all__ = ["STREAM_MIN_BYTES", "Layout", "simplify", "strided_view", "split_run", "copy_layout"]
 
 #: Both edges of a transposed block at least this long: the tiled kernel beats NumPy.
 TILED_MIN = 32
+#: Outputs of at least this many bytes are written by whole 64-byte lines streamed past
+#: the caches (a plain store first reads the line it writes; such outputs leave L2 anyway).
+STREAM_MIN_BYTES = 1 << 23
 
 Layout = tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]
 
@@ -112,6 +115,9 @@ def _copy_tiled(
     # Threads take whole planes, or bands of rows of a plane when planes are few.
     n_rows, plane = shape[rows], shape[rows] * shape[cols]
     registers = src.dtype.itemsize == 4 and ss[rows] == 1 and ds[cols] == 1
+    streamed = registers and _lines_aligned(
+        compiled, dst, [d for _, d in outer], ds[rows], plane * len(outer)
+    )
     bands = 1 if len(outer) >= 2 * workers() else max(1, min(n_rows // TILED_MIN, 2 * workers()))
 
     def run(start: int, stop: int) -> None:
@@ -120,7 +126,7 @@ def _copy_tiled(
             s_at, d_at = outer[which]
             r0, r1 = n_rows * band // bands, n_rows * (band + 1) // bands
             if registers:
-                compiled.transpose_f32(
+                (compiled.transpose_lines if streamed else compiled.transpose_f32)(
                     src.view(np.float32), s_at + r0, ss[cols], dst.view(np.float32),
                     d_at + r0 * ds[rows], ds[rows], r1 - r0, shape[cols],
                 )  # fmt: skip
@@ -132,3 +138,15 @@ def _copy_tiled(
 
     tasks = len(outer) * bands
     parallel_ranges(tasks, run, grain=tasks if plane * len(outer) < PARALLEL_THRESHOLD else 1)
+
+
+def _lines_aligned(compiled: Any, dst: FloatArray, starts: list[int], row: int, count: int) -> bool:
+    """Whether a 4-byte transposed copy of ``count`` elements streams whole destination lines.
+
+    True when it is large enough and every destination row (``starts`` plus multiples of
+    ``row``) begins a 64-byte line.
+    """
+    if count * 4 < STREAM_MIN_BYTES or row % 16:
+        return False
+    phase = compiled.line_phase(dst.view(np.float32))
+    return phase >= 0 and all((d - phase) % 16 == 0 for d in starts)
