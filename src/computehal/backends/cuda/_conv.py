@@ -20,12 +20,11 @@ after the GEMMs. Images go in chunks whose packed panels stay under 256 MiB.
 
 from __future__ import annotations
 
-from typing import Any
-
 from ... import validation as v
 from ...errors import InvalidArgumentError
 from ...memory import Region
 from .._common import ceil_div, chunks
+from .._conv_args import conv_border, conv_dims
 from ._core import I32, I64, CudaCore, Ptr
 from ._device import GRID_YZ_MAX, Batch
 from ._programs import CONV_LS, KernelSource, conv_unit, real_of
@@ -41,28 +40,6 @@ def _check_int32(name: str, value: int) -> None:
         raise InvalidArgumentError(
             f"{name} = {value} exceeds the 32-bit limit of the CUDA kernels and cuBLAS"
         )
-
-
-def _dims(p: v.ConvProblem, c0: int = 0, cg: int | None = None) -> tuple[Any, ...]:
-    """``CHAL_CONV_PARAMS`` of conv.cl for the group whose first input channel is ``c0``."""
-    values = (c0, p.cg if cg is None else cg, p.c, p.h, p.w, p.fh, p.fw, p.oh, p.ow, p.sh, p.sw, p.ph, p.pw)
-    return tuple(I32(d) for d in (*values, p.dh, p.dw))
-
-
-def _interior(size: int, pad: int, extent: int, stride: int, out: int) -> tuple[int, int]:
-    """[first, last + 1) output indices whose window lies inside the input along one axis."""
-    first = min(out, ceil_div(pad, stride))
-    span = size - extent + pad
-    last = min(out, span // stride + 1) if span >= 0 else 0
-    return first, max(first, last)
-
-
-def _border(p: v.ConvProblem) -> tuple[int, tuple[Any, ...]]:
-    """(number of border outputs, (r0, r1, q0, q1)): outputs outside rows [r0, r1) x columns
-    [q0, q1) have a window that touches the padding."""
-    r0, r1 = _interior(p.h, p.ph, p.dh * (p.fh - 1) + 1, p.sh, p.oh)
-    q0, q1 = _interior(p.w, p.pw, p.dw * (p.fw - 1) + 1, p.sw, p.ow)
-    return p.oh * p.ow - (r1 - r0) * (q1 - q0), tuple(I32(b) for b in (r0, r1, q0, q1))
 
 
 class ConvOps(CudaCore):
@@ -119,7 +96,7 @@ class ConvOps(CudaCore):
         _check_int32("C * Fh * Fw", p.cg * p.fh * p.fw)
         unit = self._unit(p)
         bias = p.bias.ptr if p.bias is not None else p.y.ptr  # not read without a bias
-        count, bounds = _border(p)
+        count, bounds = conv_border(p)
         with self._scratches() as held:
             flag = self._flags(held, 1)
 
@@ -129,7 +106,7 @@ class ConvOps(CudaCore):
                         unit, "conv_fwd_direct", (ceil_div(positions, _BLOCK), p.k, n1 - n0), (_BLOCK,),
                         Ptr(p.x.ptr), I64(n0 * p.c * p.h * p.w), Ptr(p.f.ptr), I64(0), Ptr(bias), I64(0),
                         I32(p.bias is not None), Ptr(p.y.ptr), I64(n0 * p.k * p.oh * p.ow), I32(p.k),
-                        *_dims(p), I32(border), *bounds, Ptr(flag.ptr),
+                        *conv_dims(p), I32(border), *bounds, Ptr(flag.ptr),
                     )  # fmt: skip
 
             if self._direct(p):
@@ -166,7 +143,7 @@ class ConvOps(CudaCore):
             for g in range(p.groups):
                 self._launch(
                     unit, "pack_a_im2col", (ceil_div(crs, 64), panels, images), (64,),
-                    Ptr(p.x.ptr), I64(0), I64(n0), *_dims(p, g * p.cg), Ptr(ap.ptr), I64(ap_stride),
+                    Ptr(p.x.ptr), I64(0), I64(n0), *conv_dims(p, g * p.cg), Ptr(ap.ptr), I64(ap_stride),
                 )  # fmt: skip
                 # The filter of group g, stored Kg x CRS row-major, is filter_g^T column-major (ld CRS).
                 filt = (p.f.ptr + g * kg * crs * size, crs)
@@ -191,7 +168,7 @@ class ConvOps(CudaCore):
                 self._launch(
                     unit, "conv_bwd_data_direct", (ceil_div(p.h * p.w, _BLOCK), p.c, n1 - n0), (_BLOCK,),
                     Ptr(p.y.ptr), I64(n0 * p.k * p.oh * p.ow), Ptr(p.f.ptr), I64(0),
-                    Ptr(p.x.ptr), I64(n0 * p.c * p.h * p.w), I32(p.k), *_dims(p),
+                    Ptr(p.x.ptr), I64(n0 * p.c * p.h * p.w), I32(p.k), *conv_dims(p),
                 )  # fmt: skip
             return
         size = p.dtype.itemsize
@@ -212,7 +189,7 @@ class ConvOps(CudaCore):
                     )  # fmt: skip
                 self._launch(
                     unit, "col2im", (ceil_div(p.h * p.w, 64), p.c, images), (64,),
-                    Ptr(gcols.ptr), Ptr(p.x.ptr), I64(0), I64(n0), *_dims(p, 0, p.c),
+                    Ptr(gcols.ptr), Ptr(p.x.ptr), I64(0), I64(n0), *conv_dims(p, 0, p.c),
                 )  # fmt: skip
                 self._drop(held, gcols)
 
@@ -221,7 +198,7 @@ class ConvOps(CudaCore):
     def _exec_conv2d_backward_filter(self, p: v.ConvProblem) -> None:
         _check_int32("Oh * Ow", p.oh * p.ow)
         unit = self._unit(p)
-        count, bounds = _border(p)
+        count, bounds = conv_border(p)
         elements = p.k * p.cg * p.fh * p.fw
         with self._scratches() as held:
             flags = self._flags(held, p.k)
@@ -230,7 +207,7 @@ class ConvOps(CudaCore):
                 self._launch(
                     unit, "conv_bwd_filter_direct", (elements,), (CONV_LS,),
                     Ptr(p.x.ptr), I64(0), Ptr(p.y.ptr), I64(0), Ptr(p.f.ptr), I64(0),
-                    I32(p.n), I32(p.k), *_dims(p), Ptr(flags.ptr), I32(use_flags),
+                    I32(p.n), I32(p.k), *conv_dims(p), Ptr(flags.ptr), I32(use_flags),
                 )  # fmt: skip
 
             if self._direct(p):
@@ -260,7 +237,7 @@ class ConvOps(CudaCore):
             for b in range(p.n):
                 self._launch(
                     unit, "pack_a_cols_t", (ceil_div(spatial, 64), panels), (64,),
-                    Ptr(p.x.ptr), I64(0), I64(b), I32(1), *_dims(p, g * p.cg), Ptr(ap.ptr),
+                    Ptr(p.x.ptr), I64(0), I64(b), I32(1), *conv_dims(p, g * p.cg), Ptr(ap.ptr),
                 )  # fmt: skip
                 grad_out = (p.y.ptr + (b * p.k + g * kg) * spatial * size, spatial)
                 self._panel_gemm(p, mr, crs, (kg, spatial), ap.ptr, grad_out, 0.0 if b == 0 else 1.0, out)

@@ -20,6 +20,7 @@ import numpy as np
 
 from ... import validation as v
 from .._common import ceil_div, chunks
+from .._conv_args import conv_border, conv_dims
 from ._gemm import GEMM_TILE, GemmOps
 from ._runtime import Operand
 
@@ -32,38 +33,12 @@ I64 = np.int64
 CONV_SCRATCH = 64 << 20
 
 
-def _interior(size: int, pad: int, extent: int, stride: int, out: int) -> tuple[int, int]:
-    """[first, last + 1) output indices whose window lies inside the input along one axis."""
-    first = min(out, ceil_div(pad, stride))
-    span = size - extent + pad
-    last = min(out, span // stride + 1) if span >= 0 else 0
-    return first, max(first, last)
-
-
 class ConvOps(GemmOps):
     """conv2d_forward and both gradients, with groups, dilation, four-sided padding and bias."""
 
     def _conv_kernel(self, name: str, dtype: np.dtype[Any]) -> Any:
         vw, nr = GEMM_TILE[dtype]
         return self._kernel("conv.cl", name, dtype, VW=vw, NR=nr, LS=self._pow2_group(64))
-
-    @staticmethod
-    def _dims(p: v.ConvProblem, c0: int = 0, cg: int | None = None) -> tuple[Any, ...]:
-        """The ``CHAL_CONV_PARAMS`` of conv.cl for the group whose first input channel is ``c0``."""
-        return tuple(
-            I32(d)
-            for d in (c0, p.cg if cg is None else cg, p.c, p.h, p.w, p.fh, p.fw, p.oh, p.ow,
-                      p.sh, p.sw, p.ph, p.pw, p.dh, p.dw)
-        )  # fmt: skip
-
-    @staticmethod
-    def _border(p: v.ConvProblem) -> tuple[int, tuple[Any, ...]]:
-        """(number of border outputs, (r0, r1, q0, q1)): outputs outside rows [r0, r1) x columns
-        [q0, q1) have a window that touches the padding."""
-        r0, r1 = _interior(p.h, p.ph, p.dh * (p.fh - 1) + 1, p.sh, p.oh)
-        q0, q1 = _interior(p.w, p.pw, p.dw * (p.fw - 1) + 1, p.sw, p.ow)
-        count = p.oh * p.ow - (r1 - r0) * (q1 - q0)
-        return count, tuple(I32(b) for b in (r0, r1, q0, q1))
 
     @staticmethod
     def _direct(p: v.ConvProblem) -> bool:
@@ -82,11 +57,11 @@ class ConvOps(GemmOps):
         size = p.dtype.itemsize
         x, f, y = self._at(p.x, size), self._at(p.f, size), self._at(p.y, size)
         bias = self._at(p.bias, size) if p.bias is not None else Operand(None, 0)
-        count, bounds = self._border(p)
+        count, bounds = conv_border(p)
         with self._lock:
             direct = self._conv_kernel("conv_fwd_direct", p.dtype)
             head = (x.buffer, I64(x.offset), f.buffer, I64(f.offset), bias.buffer, I64(bias.offset),
-                    I32(p.bias is not None), y.buffer, I64(y.offset), I32(p.k), *self._dims(p))  # fmt: skip
+                    I32(p.bias is not None), y.buffer, I64(y.offset), I32(p.k), *conv_dims(p))  # fmt: skip
             if self._direct(p):
                 flag = self._flags(1)
                 self._launch(direct, (p.oh * p.ow, p.k, p.n), (16, 1, 1), *head, I32(0), *bounds, flag)
@@ -128,7 +103,7 @@ class ConvOps(GemmOps):
                 ap = self._scratch_buffer("ap", ap_stride * images * size)
                 self._launch(
                     pack, (crs, a_panels, images), None,
-                    x.buffer, I64(x.offset), I64(n0), *self._dims(p, g * p.cg), ap, I64(ap_stride),
+                    x.buffer, I64(x.offset), I64(n0), *conv_dims(p, g * p.cg), ap, I64(ap_stride),
                 )  # fmt: skip
                 out = Operand(y.buffer, y.offset + (n0 * p.k + g * kg) * spatial)
                 self._panels(
@@ -146,7 +121,7 @@ class ConvOps(GemmOps):
                 self._launch(
                     self._conv_kernel("conv_bwd_data_direct", p.dtype), (p.h * p.w, p.c, p.n), (16, 1, 1),
                     gy.buffer, I64(gy.offset), f.buffer, I64(f.offset), gx.buffer, I64(gx.offset), I32(p.k),
-                    *self._dims(p),
+                    *conv_dims(p),
                 )  # fmt: skip
                 return
             self._data_gemm(p, gy, f, gx)
@@ -185,7 +160,7 @@ class ConvOps(GemmOps):
                 )  # fmt: skip
             self._launch(
                 fold, (p.h * p.w, p.c, images), None,
-                gcols, gx.buffer, I64(gx.offset), I64(n0), *self._dims(p, 0, p.c),
+                gcols, gx.buffer, I64(gx.offset), I64(n0), *conv_dims(p, 0, p.c),
             )  # fmt: skip
 
     # ------------------------------------------------------------------ filter gradient
@@ -193,13 +168,13 @@ class ConvOps(GemmOps):
     def _exec_conv2d_backward_filter(self, p: v.ConvProblem) -> None:
         size = p.dtype.itemsize
         x, gy, gf = self._at(p.x, size), self._at(p.y, size), self._at(p.f, size)
-        count, bounds = self._border(p)
+        count, bounds = conv_border(p)
         ls = self._pow2_group(64)
         elements = p.k * p.cg * p.fh * p.fw
         with self._lock:
             direct = self._conv_kernel("conv_bwd_filter_direct", p.dtype)
             args = (x.buffer, I64(x.offset), gy.buffer, I64(gy.offset), gf.buffer, I64(gf.offset),
-                    I32(p.n), I32(p.k), *self._dims(p))  # fmt: skip
+                    I32(p.n), I32(p.k), *conv_dims(p))  # fmt: skip
             flags = self._flags(p.k)
             if self._direct(p):
                 self._launch(direct, (elements * ls,), (ls,), *args, flags, I32(0))
@@ -231,7 +206,7 @@ class ConvOps(GemmOps):
                 bp = self._scratch_buffer("bp", b_panels * nr * kk * size)
                 self._launch(
                     pack_a, (kk, a_panels), None,
-                    x.buffer, I64(x.offset), I64(n0), I32(images), *self._dims(p, g * p.cg), ap,
+                    x.buffer, I64(x.offset), I64(n0), I32(images), *conv_dims(p, g * p.cg), ap,
                 )  # fmt: skip
                 self._launch(
                     pack_b, (kk, b_panels), None,
