@@ -269,3 +269,93 @@ def test_16bit_conversions_bit_exact(streamed: bool) -> None:
         same = (wide.view(F32) == want) | (np.isnan(wide.view(F32)) & np.isnan(want))
         assert same.all()
         np.testing.assert_array_equal(np.signbit(wide.view(F32)), np.signbit(want))
+
+
+def _bits_equal(a: npt.NDArray[np.float32], b: npt.NDArray[np.float32]) -> bool:
+    nan = np.isnan(a)
+    return bool(
+        np.array_equal(nan, np.isnan(b)) and np.array_equal(a.view(np.uint32)[~nan], b.view(np.uint32)[~nan])
+    )
+
+
+@pytest.mark.parametrize("name", ["gelu_into", "gelu_tanh_into", "silu_into", "sigmoid_into", "exp_into"])
+def test_streaming_unary_matches_plain(name: str) -> None:
+    """The non-temporal path gives the plain loop's bits, at every output alignment and in place."""
+    kernel = _kact(name)
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal(2000) * 6).astype(F32)
+    x[:6] = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e30]
+    want = np.empty_like(x)
+    kernel(x, want, False)
+    for shift in range(16):
+        out = np.full(x.size + 16, 7.0, dtype=F32)
+        kernel(x, out[shift : shift + x.size], True)
+        assert _bits_equal(out[shift : shift + x.size], want)
+        assert (out[:shift] == 7.0).all() and (out[shift + x.size :] == 7.0).all()
+    same = x.copy()
+    kernel(same, same, True)
+    assert _bits_equal(same, want)
+
+
+def test_gelu_float32_erf_within_kit_bound() -> None:
+    """GELU's float32 erf: |error| below the kit's 8 eps (|y| + |x|) on a dense grid and at the specials."""
+    import scipy.special
+
+    x = np.concatenate(
+        [np.linspace(-12, 12, 200_001, dtype=F32), np.asarray([0.0, -0.0, 1e-20, 1e30], dtype=F32)]
+    )
+    out = np.empty_like(x)
+    _kact("gelu_into")(x, out, False)
+    xd = x.astype(F64)
+    want = xd * 0.5 * scipy.special.erfc(-xd / np.sqrt(2.0))
+    bound = 8 * 2.0**-23 * (np.abs(want) + np.abs(xd)) + 2.0**-126
+    assert (np.abs(out - want) <= 0.5 * bound).all()
+    specials = np.asarray([np.nan, np.inf, -np.inf], dtype=F32)
+    _kact("gelu_into")(specials, out[:3], True)
+    assert np.isnan(out[0]) and out[1] == np.inf and np.isnan(out[2])
+
+
+def test_layer_norm_float32_kernel() -> None:
+    """Float32 partial sums against float64 NumPy; overflowing, tiny, constant and NaN rows fall back."""
+    import computehal.backends.cpu._knorm as N
+
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((12, 1000)).astype(F32)
+    x[1] *= np.float32(1e25)
+    x[2] *= np.float32(1e-25)
+    x[3] = 5.0
+    x[4, 7] = np.nan
+    scale = rng.uniform(0.5, 1.5, 1000).astype(F32)
+    bias = rng.standard_normal(1000).astype(F32)
+    for rms in (False, True):
+        xd = x.astype(F64)
+        centred = xd if rms else xd - xd.mean(axis=1, keepdims=True)
+        want = centred / np.sqrt((centred * centred).mean(axis=1, keepdims=True) + 1e-5) * scale + bias
+        for stream in (False, True):
+            out = np.empty_like(x)
+            N.norm_rows_f32(x, out, scale, bias, 1e-5, rms, stream)
+            assert np.isnan(out[4]).all() and not np.isnan(np.delete(out, 4, axis=0)).any()
+            np.testing.assert_allclose(
+                np.delete(out, 4, axis=0), np.delete(want, 4, axis=0), rtol=2e-5, atol=2e-5
+            )
+
+
+def test_lrn_float32_kernel() -> None:
+    """Division-free ``t ** -0.75`` against float64 NumPy; t out of range (0, inf, NaN): the exact path."""
+    import computehal.backends.cpu._knorm as N
+    from computehal.testing.reference import lrn
+
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((13, 200)) * 3).astype(F32)
+    x[:, 7] = 0.0
+    x[4, 9] = np.nan
+    x[3, 11] = np.inf
+    for alpha, bias, size in ((1e-4, 2.0, 5), (1.0, 1e-3, 3), (1e-4, 0.0, 4)):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            want = lrn(x[None].astype(F64), size, alpha, 0.75, bias)[0]
+        for stream in (False, True):
+            out = np.full_like(x, 7.0)
+            N.lrn_planes_f32(x, out, 0, 120, size, alpha, bias, stream, np.empty(120, dtype=F32))
+            N.lrn_planes_f32(x, out, 120, 200, size, alpha, bias, stream, np.empty(120, dtype=F32))
+            np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
+            np.testing.assert_allclose(out, want, rtol=16 * 2.0**-23, atol=0)

@@ -181,21 +181,27 @@ _BINARY: dict[BinaryOp, Callable[..., object]] = {
 }
 
 
-#: Unary ops with a compiled float32 kernel ``kernel(x, out)``: (module, attribute).
+#: Unary ops with a compiled float32 kernel ``kernel(x, out, stream)`` of :mod:`._kact`.
 _F32_KERNELS = {
-    UnaryOp.EXP: ("_kmath", "exp_into"),
-    UnaryOp.LOG: ("_kmath", "log_into"),
-    UnaryOp.TANH: ("_kmath", "tanh_into"),
-    UnaryOp.SIGMOID: ("_kmath", "sigmoid_into"),
-    UnaryOp.GELU: ("_kact", "gelu_into"),
-    UnaryOp.GELU_TANH: ("_kact", "gelu_tanh_into"),
-    UnaryOp.SILU: ("_kact", "silu_into"),
-    UnaryOp.ERF: ("_kact", "erf_into"),
+    UnaryOp.EXP: "exp_into",
+    UnaryOp.LOG: "log_into",
+    UnaryOp.TANH: "tanh_into",
+    UnaryOp.SIGMOID: "sigmoid_into",
+    UnaryOp.GELU: "gelu_into",
+    UnaryOp.GELU_TANH: "gelu_tanh_into",
+    UnaryOp.SILU: "silu_into",
+    UnaryOp.ERF: "erf_into",
 }
+#: Outputs from this many bytes on are written with non-temporal stores (far beyond L2).
+STREAM_BYTES = 8 << 20
 
 
 def _compiled_unary(p: v.ElementwiseProblem) -> Callable[[FloatArray, FloatArray], None] | None:
-    """A one-pass compiled kernel for ``p`` (float32 functions, parametrised ReLU / clip), or None."""
+    """A one-pass compiled kernel for ``p`` (float32 functions, parametrised ReLU / clip), or None.
+
+    Outputs of :data:`STREAM_BYTES` or more are written with non-temporal stores (one
+    write per element, no read of the output's lines first).
+    """
     if p.n < KERNEL_THRESHOLD:
         return None
     if p.op in (UnaryOp.LEAKY_RELU, UnaryOp.CLIP):
@@ -210,11 +216,12 @@ def _compiled_unary(p: v.ElementwiseProblem) -> Callable[[FloatArray, FloatArray
     op = p.op
     assert isinstance(op, UnaryOp)
     found = _F32_KERNELS.get(op) if p.dtype == np.float32 else None
-    compiled = None if found is None else kernels(found[0])
+    compiled = None if found is None else kernels("_kact")
     if compiled is None or found is None:
         return None
-    kernel: Callable[[FloatArray, FloatArray], None] = getattr(compiled, found[1])
-    return kernel
+    kernel = getattr(compiled, found)
+    stream = p.n * 4 >= STREAM_BYTES
+    return lambda x, out: kernel(x, out, stream)
 
 
 class ElementwiseOps(CpuPlumbing):

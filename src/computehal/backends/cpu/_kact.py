@@ -1,13 +1,21 @@
 """Compiled activation kernels of the CPU backend (numba): GELU, SiLU, erf, leaky ReLU, clip.
 
-Each kernel is one pass over memory with branch-free arithmetic, so LLVM vectorises it.
-The float32 transcendentals come from :mod:`._kmath` (tanh, sigmoid); erf is a rational
-approximation ``x * N(x**2) / D(x**2)`` on ``[-4, 4]`` (beyond, erf is +-1 in float32)
-fitted to a relative error of 8.4e-8 and evaluated in float64, so the float32 result
-is within 2 ULP (checked by ``tests/test_cpu_kernels.py``). ``leaky_relu_into`` and
-``clip_into`` take float32 or float64; the others float32. ``out`` may be ``x``.
-NaN in gives NaN out; the formulas are the contract's, so ``x = -inf`` gives NaN for
-GELU and SiLU (``-inf * 0``), as their definitions do.
+Each kernel is one pass over memory with branch-free arithmetic, vectorised with the
+CPU's widest vectors (:func:`._nb.wide_vectors`). The float32 transcendentals come from
+:mod:`._kmath` (exp, tanh, sigmoid); erf is a rational approximation
+``x * N(x**2) / D(x**2)`` on ``[-4, 4]`` (beyond, erf is +-1 in float32) fitted to a
+relative error of 8.4e-8. ``erf_into`` evaluates it in float64 (within 2 ULP of erf,
+checked by ``tests/test_cpu_kernels.py``); GELU evaluates it in float32 (all
+coefficients positive, so Horner's rule loses a few units of 2**-24 at most: GELU's
+``Phi`` stays within 4 units of float32's epsilon, absolutely). GELU_TANH uses
+``(1 + tanh(u)) / 2 = 1 / (1 + exp(-2 u))``: one exponential and one division.
+``leaky_relu_into`` and ``clip_into`` take float32 or float64; the others float32.
+``out`` may be ``x``. NaN in gives NaN out; ``x = -inf`` gives NaN for GELU, GELU_TANH
+and SiLU (``-inf * 0``, ``-inf / inf``), as their definitions do.
+
+With ``stream`` set, the float32 kernels write through :mod:`._kwrite`'s non-temporal
+stores: memory then sees one read and one write per element, not the extra read of
+each output line that an ordinary store costs.
 """
 
 # Function bodies are numba nopython code, which mypy cannot type.
@@ -20,10 +28,23 @@ from typing import Any
 
 import numpy as np
 
-from ._kmath import _sigmoid, _tanh
-from ._nb import jit
+from ._kmath import _exp, _log, _sigmoid, _tanh
+from ._kwrite import BLOCK, store_fence, stream_block, stream_head
+from ._nb import jit, wide_vectors
 
-__all__ = ["erf_into", "gelu_into", "gelu_tanh_into", "silu_into", "leaky_relu_into", "clip_into", "warm_up"]
+__all__ = [
+    "erf_into",
+    "gelu_into",
+    "gelu_tanh_into",
+    "silu_into",
+    "sigmoid_into",
+    "tanh_into",
+    "exp_into",
+    "log_into",
+    "leaky_relu_into",
+    "clip_into",
+    "warm_up",
+]
 
 # erf(x) ~ x * N(t) / D(t), t = x * x, for |x| <= 4 (D's constant term is 1).
 _N0 = 1.1283791585725593
@@ -60,34 +81,206 @@ def _erf64(x: float) -> float:
 
 
 @_jit
-def erf_into(x: Any, out: Any) -> None:
-    """``out[i] = erf(x[i])`` for 1-D float32 arrays."""
-    for i in range(x.shape[0]):
-        out[i] = _erf64(np.float64(x[i]))
+def _erf_of(v: float) -> float:
+    return _F(_erf64(np.float64(v)))
+
+
+_F32_N = tuple(_F(c) for c in (_N0, _N1, _N2, _N3, _N4, _N5))
+_F32_D = tuple(_F(c) for c in (_D1, _D2, _D3, _D4, _D5))
+_F_SQRT_HALF = _F(_SQRT_HALF)
+_F_FOUR = _F(4.0)
+_F_ONE = _F(1.0)
+_F_HALF = _F(0.5)
+_F_TWO = _F(2.0)
 
 
 @_jit
-def gelu_into(x: Any, out: Any) -> None:
+def _erf32(x: float) -> float:
+    """erf of a float32 in float32 arithmetic (absolute error a few units of 2**-24); NaN stays NaN."""
+    c = _F_FOUR if x > _F_FOUR else x
+    c = -_F_FOUR if c < -_F_FOUR else c
+    t = c * c
+    n0, n1, n2, n3, n4, n5 = _F32_N
+    d1, d2, d3, d4, d5 = _F32_D
+    num = ((((n5 * t + n4) * t + n3) * t + n2) * t + n1) * t + n0
+    den = ((((d5 * t + d4) * t + d3) * t + d2) * t + d1) * t + _F_ONE
+    r = c * num / den
+    r = _F_ONE if r > _F_ONE else r
+    return -_F_ONE if r < -_F_ONE else r
+
+
+@_jit
+def _gelu(v: float) -> float:
+    return _F_HALF * v * (_F_ONE + _erf32(v * _F_SQRT_HALF))
+
+
+@_jit
+def _gelu_tanh(v: float) -> float:
+    # 0.5 v (1 + tanh(u)) = v / (1 + exp(-2u)); exp overflows to inf for u << 0 (v / inf = -0).
+    u = _TANH_K * (v + _TANH_C * v * v * v)
+    return v / (_F_ONE + _exp(-_F_TWO * u))
+
+
+@_jit
+def _silu(v: float) -> float:
+    return v * _sigmoid(v)
+
+
+# One kernel per function (numba cannot cache a kernel that takes a function argument),
+# each ``out[i] = f(x[i])`` for 1-D float32 arrays, streamed as :mod:`._kwrite` says
+# (without ``stream`` all of ``x`` is the head: one vectorised loop).
+
+
+@_jit
+def gelu_into(x: Any, out: Any, stream: bool = False) -> None:
     """``out[i] = 0.5 * x * (1 + erf(x / sqrt(2)))`` for 1-D float32 arrays."""
-    for i in range(x.shape[0]):
-        v = np.float64(x[i])
-        out[i] = 0.5 * v * (1.0 + _erf64(v * _SQRT_HALF))
+    wide_vectors()
+    n = x.shape[0]
+    head = stream_head(out, stream)
+    for i in range(head):
+        out[i] = _gelu(x[i])
+    buf = np.empty(BLOCK if head < n else 0, dtype=np.float32)
+    for b in range(head, n, BLOCK):
+        m = min(BLOCK, n - b)
+        src = x[b : b + m]
+        for i in range(m):
+            buf[i] = _gelu(src[i])
+        stream_block(buf, m, out, b)
+    if stream:
+        store_fence()
 
 
 @_jit
-def gelu_tanh_into(x: Any, out: Any) -> None:
+def gelu_tanh_into(x: Any, out: Any, stream: bool = False) -> None:
     """``out[i] = 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3)))``, float32."""
-    for i in range(x.shape[0]):
-        v = x[i]
-        out[i] = _F(0.5) * v * (_F(1.0) + _tanh(_TANH_K * (v + _TANH_C * v * v * v)))
+    wide_vectors()
+    n = x.shape[0]
+    head = stream_head(out, stream)
+    for i in range(head):
+        out[i] = _gelu_tanh(x[i])
+    buf = np.empty(BLOCK if head < n else 0, dtype=np.float32)
+    for b in range(head, n, BLOCK):
+        m = min(BLOCK, n - b)
+        src = x[b : b + m]
+        for i in range(m):
+            buf[i] = _gelu_tanh(src[i])
+        stream_block(buf, m, out, b)
+    if stream:
+        store_fence()
 
 
 @_jit
-def silu_into(x: Any, out: Any) -> None:
+def silu_into(x: Any, out: Any, stream: bool = False) -> None:
     """``out[i] = x * sigmoid(x)`` for 1-D float32 arrays."""
-    for i in range(x.shape[0]):
-        v = x[i]
-        out[i] = v * _sigmoid(v)
+    wide_vectors()
+    n = x.shape[0]
+    head = stream_head(out, stream)
+    for i in range(head):
+        out[i] = _silu(x[i])
+    buf = np.empty(BLOCK if head < n else 0, dtype=np.float32)
+    for b in range(head, n, BLOCK):
+        m = min(BLOCK, n - b)
+        src = x[b : b + m]
+        for i in range(m):
+            buf[i] = _silu(src[i])
+        stream_block(buf, m, out, b)
+    if stream:
+        store_fence()
+
+
+@_jit
+def sigmoid_into(x: Any, out: Any, stream: bool = False) -> None:
+    """``out[i] = 1 / (1 + exp(-x[i]))`` for 1-D float32 arrays."""
+    wide_vectors()
+    n = x.shape[0]
+    head = stream_head(out, stream)
+    for i in range(head):
+        out[i] = _sigmoid(x[i])
+    buf = np.empty(BLOCK if head < n else 0, dtype=np.float32)
+    for b in range(head, n, BLOCK):
+        m = min(BLOCK, n - b)
+        src = x[b : b + m]
+        for i in range(m):
+            buf[i] = _sigmoid(src[i])
+        stream_block(buf, m, out, b)
+    if stream:
+        store_fence()
+
+
+@_jit
+def tanh_into(x: Any, out: Any, stream: bool = False) -> None:
+    """``out[i] = tanh(x[i])`` for 1-D float32 arrays."""
+    wide_vectors()
+    n = x.shape[0]
+    head = stream_head(out, stream)
+    for i in range(head):
+        out[i] = _tanh(x[i])
+    buf = np.empty(BLOCK if head < n else 0, dtype=np.float32)
+    for b in range(head, n, BLOCK):
+        m = min(BLOCK, n - b)
+        src = x[b : b + m]
+        for i in range(m):
+            buf[i] = _tanh(src[i])
+        stream_block(buf, m, out, b)
+    if stream:
+        store_fence()
+
+
+@_jit
+def exp_into(x: Any, out: Any, stream: bool = False) -> None:
+    """``out[i] = exp(x[i])`` for 1-D float32 arrays."""
+    wide_vectors()
+    n = x.shape[0]
+    head = stream_head(out, stream)
+    for i in range(head):
+        out[i] = _exp(x[i])
+    buf = np.empty(BLOCK if head < n else 0, dtype=np.float32)
+    for b in range(head, n, BLOCK):
+        m = min(BLOCK, n - b)
+        src = x[b : b + m]
+        for i in range(m):
+            buf[i] = _exp(src[i])
+        stream_block(buf, m, out, b)
+    if stream:
+        store_fence()
+
+
+@_jit
+def log_into(x: Any, out: Any, stream: bool = False) -> None:
+    """``out[i] = log(x[i])`` for 1-D float32 arrays."""
+    wide_vectors()
+    n = x.shape[0]
+    head = stream_head(out, stream)
+    for i in range(head):
+        out[i] = _log(x[i])
+    buf = np.empty(BLOCK if head < n else 0, dtype=np.float32)
+    for b in range(head, n, BLOCK):
+        m = min(BLOCK, n - b)
+        src = x[b : b + m]
+        for i in range(m):
+            buf[i] = _log(src[i])
+        stream_block(buf, m, out, b)
+    if stream:
+        store_fence()
+
+
+@_jit
+def erf_into(x: Any, out: Any, stream: bool = False) -> None:
+    """``out[i] = erf(x[i])`` for 1-D float32 arrays (float64 arithmetic)."""
+    wide_vectors()
+    n = x.shape[0]
+    head = stream_head(out, stream)
+    for i in range(head):
+        out[i] = _erf_of(x[i])
+    buf = np.empty(BLOCK if head < n else 0, dtype=np.float32)
+    for b in range(head, n, BLOCK):
+        m = min(BLOCK, n - b)
+        src = x[b : b + m]
+        for i in range(m):
+            buf[i] = _erf_of(src[i])
+        stream_block(buf, m, out, b)
+    if stream:
+        store_fence()
 
 
 @_jit
@@ -116,5 +309,7 @@ def warm_up() -> None:
         leaky_relu_into(a, a, np.ones(1, dtype=dtype))
         clip_into(a, a, np.ones(2, dtype=dtype))
     a = np.zeros(4, dtype=np.float32)
-    for fn in (erf_into, gelu_into, gelu_tanh_into, silu_into):
-        fn(a, a)
+    erf_into(a, a)
+    for fn in (erf_into, log_into, gelu_into, gelu_tanh_into, silu_into, sigmoid_into, tanh_into, exp_into):
+        for stream in (False, True):
+            fn(a, a, stream)

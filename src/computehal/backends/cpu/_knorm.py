@@ -20,9 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from ._nb import jit, jit_reassoc
+from ._kwrite import BLOCK, store_fence, stream_block, stream_head
+from ._nb import as_float, as_int, jit, jit_reassoc, wide_vectors
 
-__all__ = ["norm_rows", "affine_planes", "lrn_planes", "warm_up"]
+__all__ = ["norm_rows", "norm_rows_f32", "affine_planes", "lrn_planes", "lrn_planes_f32", "warm_up"]
 
 
 _jit = jit
@@ -59,6 +60,89 @@ def norm_rows(x: Any, out: Any, scale: Any, bias: Any, eps: float, rms: bool) ->
         m, inv = typed[0], typed[1]
         for j in range(cols):
             of[base + _U(j)] = (xf[base + _U(j)] - m) * inv * scale[j] + bias[j]
+
+
+_F = np.float32
+_F_ZERO = _F(0.0)
+
+
+#: float32 sums of squares within these bounds lose nothing to overflow or underflow.
+_BIG = _F(1e30)
+_SMALL = _F(1e-30)
+
+
+@_sums
+def _row_stats64(row: Any, eps: float, rms: bool) -> tuple[float, float]:
+    """Mean and ``1 / sqrt(variance + eps)`` of a row, from float64 sums."""
+    cols = row.shape[0]
+    mean = 0.0
+    if not rms:
+        total = 0.0
+        for j in range(cols):
+            total += np.float64(row[j])
+        mean = total / cols
+    spread = 0.0
+    for j in range(cols):
+        d = np.float64(row[j]) - mean
+        spread += d * d
+    return mean, 1.0 / math.sqrt(spread / cols + eps)
+
+
+@_sums
+def _sum32(row: Any) -> float:
+    """Sum of a float32 row in float32 vector partial sums (``reassoc``)."""
+    total = _F_ZERO
+    for j in range(row.shape[0]):
+        total += row[j]
+    return total
+
+
+@_sums
+def _squares32(row: Any, mean: float) -> float:
+    """Sum of ``(row - mean)**2`` in float32 vector partial sums."""
+    total = _F_ZERO
+    for j in range(row.shape[0]):
+        d = row[j] - mean
+        total += d * d
+    return total
+
+
+@_jit
+def norm_rows_f32(x: Any, out: Any, scale: Any, bias: Any, eps: float, rms: bool, stream: bool) -> None:
+    """:func:`norm_rows` for float32, with float32 partial sums and optionally streaming stores.
+
+    Each row is read from memory once: its sum and then its squared deviations from the
+    mean are taken while it sits in L1, and the result is written (with ``stream``, through
+    :mod:`._kwrite`'s non-temporal stores). The float32 sums are within the contract's
+    ``(cols + 4) eps`` relative error (a plain sum's worst case is ``(cols - 1) eps``).
+    """
+    wide_vectors()
+    rows, cols = x.shape
+    buf = np.empty(BLOCK if stream else 0, dtype=np.float32)
+    for r in range(rows):
+        src = x[r]
+        dst = out[r]
+        mean = _F_ZERO if rms else _F(_sum32(src) / _F(cols))
+        spread = _squares32(src, mean)
+        if abs(mean) < _BIG and spread < _BIG and spread > _SMALL:
+            inv = _F(1.0 / math.sqrt(np.float64(spread) / cols + eps))
+        else:
+            # Overflow, underflow, NaN or a constant row: float64 sums, as norm_rows.
+            mean64, inv64 = _row_stats64(src, eps, rms)
+            mean, inv = _F(mean64), _F(inv64)
+        head = stream_head(dst, stream)
+        for j in range(head):
+            dst[j] = (src[j] - mean) * inv * scale[j] + bias[j]
+        for b in range(head, cols, BLOCK):
+            m = min(BLOCK, cols - b)
+            part = src[b : b + m]
+            s = scale[b : b + m]
+            t = bias[b : b + m]
+            for j in range(m):
+                buf[j] = (part[j] - mean) * inv * s[j] + t[j]
+            stream_block(buf, m, dst, b)
+    if stream:
+        store_fence()
 
 
 @_jit
@@ -125,6 +209,85 @@ def lrn_planes(x: Any, out: Any, j0: int, j1: int, size: int, alpha: float, beta
             of[at + _U(j)] = xf[at + _U(j)] / total[j]
 
 
+_I = np.int32
+#: ``t ** -0.25`` to 10 % from the bits of ``t``: exponent and mantissa divided by -4.
+_QUARTER_MAGIC = _I(0x4F580000)
+_F_FIVE_QUARTERS = _F(1.25)
+_F_QUARTER = _F(0.25)
+#: The bit estimate and the Newton steps hold for ``t`` in these bounds.
+_T_LO = _F(1e-30)
+_T_HI = _F(1e30)
+
+
+@_jit
+def _inv_pow34(t: float) -> float:
+    """``t ** -0.75`` for float32 ``t`` in [1e-30, 1e30], relative error below 6e-7 (5 eps).
+
+    ``z = t ** -0.25`` from the bit estimate and three Newton steps on ``z**-4 = t``
+    (``z <- z (5 - t z**4) / 4``, no division or square root), then ``z**3``.
+    """
+    z = as_float(_QUARTER_MAGIC - (as_int(t) >> 2))
+    for _ in range(3):
+        z2 = z * z
+        z = z * (_F_FIVE_QUARTERS - _F_QUARTER * t * (z2 * z2))
+    return z * z * z
+
+
+@_jit
+def lrn_planes_f32(
+    x: Any, out: Any, j0: int, j1: int, size: int, alpha: float, bias: float, stream: bool, total: Any
+) -> None:
+    """:func:`lrn_planes` for float32 and ``beta = 0.75``, without divisions or square roots.
+
+    ``total`` is float32 scratch of at least ``j1 - j0``. The window sums are taken as in
+    :func:`lrn_planes`; ``x * t ** -0.75`` comes from :func:`_inv_pow34` (5 eps, against
+    the contract's ``32 + 3 (size + 4)`` eps). A channel row where some ``t`` leaves
+    [1e-30, 1e30] (or is NaN) is recomputed with the exact formula. With ``stream``, the
+    output goes out through :mod:`._kwrite`'s non-temporal stores.
+    """
+    wide_vectors()
+    channels, spatial = x.shape
+    below, above = (size - 1) // 2, size // 2
+    width = j1 - j0
+    coeff = _F(alpha / size)
+    offset = _F(bias)
+    buf = np.empty(BLOCK if stream else 0, dtype=np.float32)
+    acc = total[:width]
+    for c in range(channels):
+        lo, hi = max(0, c - below), min(channels - 1, c + above)
+        first = x[lo, j0:j1]
+        for j in range(width):
+            acc[j] = first[j] * first[j]
+        for k in range(lo + 1, hi + 1):
+            row = x[k, j0:j1]
+            for j in range(width):
+                acc[j] += row[j] * row[j]
+        bad = 0
+        for j in range(width):
+            t = offset + coeff * acc[j]
+            bad += 0 if (t >= _T_LO and t <= _T_HI) else 1
+        src = x[c, j0:j1]
+        dst = out[c, j0:j1]
+        if bad:
+            for j in range(width):
+                t = offset + coeff * acc[j]
+                root = math.sqrt(t)
+                dst[j] = src[j] / (root * math.sqrt(root))
+            continue
+        head = stream_head(dst, stream)
+        for j in range(head):
+            dst[j] = src[j] * _inv_pow34(offset + coeff * acc[j])
+        for b in range(head, width, BLOCK):
+            m = min(BLOCK, width - b)
+            part = src[b : b + m]
+            sums = acc[b : b + m]
+            for j in range(m):
+                buf[j] = part[j] * _inv_pow34(offset + coeff * sums[j])
+            stream_block(buf, m, dst, b)
+    if stream:
+        store_fence()
+
+
 def warm_up() -> None:
     """Compile (or load from numba's cache) every kernel for float32 and float64."""
     for dtype in (np.float32, np.float64):
@@ -132,5 +295,11 @@ def warm_up() -> None:
         v = np.ones(3, dtype=dtype)
         for rms in (False, True):
             norm_rows(a, a.copy(), v, v, 1e-5, rms)
+            if dtype == np.float32:
+                for stream in (False, True):
+                    norm_rows_f32(a, a.copy(), v, v, 1e-5, rms, stream)
         affine_planes(a, a.copy(), 0, v[:2], v[:2], v[:2])
         lrn_planes(a, a.copy(), 0, 3, 3, 1e-4, 0.75, 1.0)
+    a = np.ones((2, 3), dtype=np.float32)
+    for stream in (False, True):
+        lrn_planes_f32(a, a.copy(), 0, 3, 3, 1e-4, 1.0, stream, np.empty(3, dtype=np.float32))

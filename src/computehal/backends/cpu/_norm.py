@@ -1,6 +1,7 @@
 """Normalisation on the CPU: layer and RMS norm over rows, batch norm and LRN over channels.
 
-The compiled kernels of :mod:`._knorm` read each row or channel plane once; where
+The compiled kernels of :mod:`._knorm` read each row or channel plane once (and write
+outputs far larger than the caches with non-temporal stores); where
 numba is unusable, NumPy computes the same formulas on cache-sized blocks. Rows and
 planes split over the worker threads.
 """
@@ -19,6 +20,8 @@ __all__ = ["NormOps"]
 
 #: Elements per block of the NumPy paths.
 NORM_BLOCK = 1 << 15
+#: Outputs from this many bytes on are written with non-temporal stores (far beyond L2).
+STREAM_BYTES = 8 << 20
 
 
 def _norm_rows_numpy(
@@ -59,16 +62,18 @@ class NormOps(CpuPlumbing):
         compiled = kernels("_knorm")
         ones, zeros = np.ones(p.cols, dtype=p.dtype), np.zeros(p.cols, dtype=p.dtype)
         block = max(1, NORM_BLOCK // max(1, p.cols))
+        factor, shift = (ones if scale is None else scale), (zeros if bias is None else bias)
+        f32 = p.dtype == np.float32
+        stream = out.nbytes >= STREAM_BYTES
 
         def run(start: int, stop: int) -> None:
             with np.errstate(all="ignore"):
                 for lo in range(start, stop, block):
                     hi = min(stop, lo + block)
-                    if compiled is not None:
-                        compiled.norm_rows(
-                            x[lo:hi], out[lo:hi], ones if scale is None else scale,
-                            zeros if bias is None else bias, p.eps, p.rms,
-                        )  # fmt: skip
+                    if compiled is not None and f32:
+                        compiled.norm_rows_f32(x[lo:hi], out[lo:hi], factor, shift, p.eps, p.rms, stream)
+                    elif compiled is not None:
+                        compiled.norm_rows(x[lo:hi], out[lo:hi], factor, shift, p.eps, p.rms)
                     else:
                         _norm_rows_numpy(x[lo:hi], out[lo:hi], scale, bias, p.eps, p.rms)
 
@@ -110,11 +115,18 @@ class NormOps(CpuPlumbing):
         width = max(1, NORM_BLOCK // max(1, p.c))
         pieces = [(i, s0) for i in range(p.n) for s0 in range(0, p.spatial, width)]
 
+        # float32 with ONNX's default beta: the kernel without divisions or square roots.
+        fast = compiled is not None and p.dtype == np.float32 and p.beta == 0.75
+        stream = out.nbytes >= STREAM_BYTES
+
         def run(start: int, stop: int) -> None:
+            total = np.empty(width if fast else 0, dtype=np.float32)
             with np.errstate(all="ignore"):
                 for i, s0 in pieces[start:stop]:
                     s1 = min(p.spatial, s0 + width)
-                    if compiled is not None:
+                    if fast:
+                        compiled.lrn_planes_f32(x[i], out[i], s0, s1, p.size, p.alpha, p.bias, stream, total)
+                    elif compiled is not None:
                         compiled.lrn_planes(x[i], out[i], s0, s1, p.size, p.alpha, p.beta, p.bias)
                     else:
                         _lrn_numpy(x[i, :, s0:s1], out[i, :, s0:s1], p)
