@@ -302,7 +302,8 @@ def _im2col_shared(columns: _Columns, fmat: FloatArray, ys: FloatArray) -> None:
     Splitting the pixels would leave each thread a GEMM a few dozen columns wide that
     reads the whole filter matrix (4608 x 512 floats for ResNet's last 3x3 layers) for
     them; instead the threads build the columns by input-channel blocks, then each
-    multiplies its own block of filter rows by all of them. ``fmat`` as from
+    multiplies its own block of filter rows by all of them (one block per thread: every
+    block's GEMM packs all the columns again). ``fmat`` as from
     :func:`_filter_matrix` (a bias column gets a row of ones).
     """
     n, k, pixels = ys.shape
@@ -317,7 +318,7 @@ def _im2col_shared(columns: _Columns, fmat: FloatArray, ys: FloatArray) -> None:
             i, c0, c1 = fills[t]
             columns.fill(i, i + 1, 0, pixels, c0, c1, cols[c0 * taps : c1 * taps], i * pixels)
 
-    parts = _split(k, max(1, min(2 * workers(), k // MIN_CHANNELS)))
+    parts = _split(k, max(1, min(workers(), k // MIN_CHANNELS)))
 
     def multiply(items: Iterator[int]) -> None:
         for t in items:
