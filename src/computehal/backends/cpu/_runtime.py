@@ -108,43 +108,48 @@ class _BlasLimit:
     counts BLAS had before, whichever threads they run in: overlapping holders from
     several caller threads never leave BLAS single-threaded (nested save / restore pairs
     would: the inner one saves the outer one's limit). The threadpoolctl controller is
-    built once, since building one rescans every loaded library.
+    built once, since building one rescans every loaded library, and the limit is set
+    on its BLAS libraries directly (threadpoolctl's ``limit`` re-reads every library's
+    description each time: tens of microseconds, paid by every convolution call).
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._controller: Any = None
-        self._limiter: Any = None
+        self._libraries: list[Any] | None = None
+        self._saved: list[tuple[Any, int]] = []
         self._holders = 0
 
-    def _ensure_controller(self) -> Any:
-        if self._controller is None:
+    def _blas_libraries(self) -> list[Any]:
+        if self._libraries is None:
             try:
                 import scipy.linalg.cython_blas  # noqa: F401  (load SciPy's BLAS before the scan)
                 from threadpoolctl import ThreadpoolController
             except ImportError:
-                self._controller = False
+                self._libraries = []
             else:
-                self._controller = ThreadpoolController()
-        return self._controller
+                controller = ThreadpoolController()
+                self._libraries = [lib for lib in controller.lib_controllers if lib.user_api == "blas"]
+        return self._libraries
 
     def enter(self) -> None:
         with self._lock:
-            controller = self._ensure_controller()
-            if controller is False:
-                return
             if self._holders == 0:
-                self._limiter = controller.limit(limits=1, user_api="blas")
+                self._saved = [(lib, lib.get_num_threads()) for lib in self._blas_libraries()]
+                for lib, count in self._saved:
+                    if count != 1:
+                        lib.set_num_threads(1)
             self._holders += 1
 
     def leave(self) -> None:
         with self._lock:
-            if self._controller is False or self._holders == 0:
+            if self._holders == 0:
                 return
             self._holders -= 1
-            if self._holders == 0 and self._limiter is not None:
-                limiter, self._limiter = self._limiter, None
-                limiter.restore_original_limits()
+            if self._holders == 0:
+                saved, self._saved = self._saved, []
+                for lib, count in saved:
+                    if count != 1:
+                        lib.set_num_threads(count)
 
 
 _BLAS_LIMIT = _BlasLimit()
