@@ -219,6 +219,27 @@ def test_extreme_columns(largest: bool) -> None:
     assert np.all(out[:8] == (-np.inf if largest else np.inf))
 
 
+def test_sum_rows_and_columns() -> None:
+    """Float32 partial sums within a plain sum's bound ``n eps sum|x|``; NaN and inf propagate."""
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((37, 20_000)).astype(F32)
+    x[3, 5] = np.nan
+    x[4, 9] = np.inf
+    rows = np.empty(37, dtype=F32)
+    K.sum_rows(x, rows)
+    cols = np.empty(20_000, dtype=F32)
+    K.sum_columns(x, cols)
+    for got, axis in ((rows, 1), (cols, 0)):
+        xd = x.astype(F64)
+        want = xd.sum(axis=axis)
+        bound = x.shape[axis] * 2.0**-23 * np.abs(xd).sum(axis=axis)
+        finite = np.isfinite(want)
+        assert np.array_equal(np.isnan(got), np.isnan(want)) and np.array_equal(
+            got[np.isinf(want)], want[np.isinf(want)]
+        )
+        assert (np.abs(got[finite] - want[finite]) <= bound[finite]).all()
+
+
 def test_exp_shifted_rowsum() -> None:
     rng = np.random.default_rng(9)
     scores = (rng.standard_normal((16, 300)) * 4).astype(F32)

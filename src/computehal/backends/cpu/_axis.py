@@ -94,23 +94,20 @@ class AxisOps(CpuPlumbing):
         dt = p.dtype
         out = self._array(p.output, (p.outer, p.inner), dt)
         x = self._array(p.input, (p.outer, p.length, p.inner), dt)
-        compiled = _compiled(p, x.size) if p.op in (ReduceOp.MAX, ReduceOp.MIN) and p.inner >= 64 else None
-        if compiled is not None:
-            # Strided axis: each thread streams whole contiguous rows (a share of the
-            # reduced axis) into its own accumulator row; the few partial rows are then
-            # folded together (NumPy's fmax.reduce along axis 0 runs below bandwidth).
-            largest = p.op is ReduceOp.MAX
-            parts = max(1, min(workers(), p.length))
-            partial = np.empty((p.outer, parts, p.inner), dtype=dt)
-            cuts = [p.length * i // parts for i in range(parts + 1)]
+        compiled = _compiled(p, x.size)
+        if compiled is not None and p.inner >= 64:
+            self._reduce_columns(compiled, p, x, out)
+            return
+        if compiled is not None and p.inner == 1 and p.op in (ReduceOp.SUM, ReduceOp.MEAN):
+            rows = x.reshape(p.outer, p.length)
+            flat = out.reshape(p.outer)
 
-            def run_parts(start: int, stop: int) -> None:
-                for t in range(start, stop):
-                    o, i = divmod(t, parts)
-                    compiled.extreme_columns(x[o, cuts[i] : cuts[i + 1]], partial[o, i], 0, p.inner, largest)
+            def run_sums(start: int, stop: int) -> None:
+                compiled.sum_rows(rows[start:stop], flat[start:stop])
+                if p.op is ReduceOp.MEAN:
+                    np.divide(flat[start:stop], dt.type(p.length), out=flat[start:stop])
 
-            parallel_ranges(p.outer * parts, run_parts, grain=1)
-            (np.fmax if largest else np.fmin).reduce(partial, axis=1, out=out)
+            parallel_ranges(p.outer, run_sums, grain=max(1, PARALLEL_THRESHOLD // p.length))
             return
 
         def run(start: int, stop: int) -> None:
@@ -125,6 +122,34 @@ class AxisOps(CpuPlumbing):
             self._reduce_rows(p, x[:, :, start:stop], out[:, start:stop])
 
         parallel_ranges(p.inner, run_inner, grain=max(1, PARALLEL_THRESHOLD // max(1, p.length)))
+
+    @staticmethod
+    def _reduce_columns(compiled: Any, p: v.AxisProblem, x: FloatArray, out: FloatArray) -> None:
+        """Reduce a strided axis: each thread streams whole contiguous rows (a share of the
+        reduced axis) into its own accumulator row; the few partial rows are then folded
+        together (NumPy's reductions along a strided axis run below bandwidth)."""
+        parts = max(1, min(workers(), p.length))
+        partial = np.empty((p.outer, parts, p.inner), dtype=p.dtype)
+        cuts = [p.length * i // parts for i in range(parts + 1)]
+        largest = p.op is ReduceOp.MAX
+
+        def run_parts(start: int, stop: int) -> None:
+            for t in range(start, stop):
+                o, i = divmod(t, parts)
+                rows = x[o, cuts[i] : cuts[i + 1]]
+                if p.op in (ReduceOp.MAX, ReduceOp.MIN):
+                    compiled.extreme_columns(rows, partial[o, i], 0, p.inner, largest)
+                else:
+                    compiled.sum_columns(rows, partial[o, i])
+
+        parallel_ranges(p.outer * parts, run_parts, grain=1)
+        with np.errstate(invalid="ignore", over="ignore"):
+            if p.op in (ReduceOp.MAX, ReduceOp.MIN):
+                (np.fmax if largest else np.fmin).reduce(partial, axis=1, out=out)
+                return
+            np.add.reduce(partial, axis=1, out=out)
+            if p.op is ReduceOp.MEAN:
+                np.divide(out, out.dtype.type(p.length), out=out)
 
     @staticmethod
     def _reduce_rows(p: v.AxisProblem, x: FloatArray, out: FloatArray) -> None:

@@ -40,6 +40,8 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from ._nb import wide_vectors
+
 __all__ = [
     "exp_into",
     "log_into",
@@ -51,6 +53,8 @@ __all__ = [
     "log_softmax_columns",
     "exp_shifted_rowsum",
     "extreme_columns",
+    "sum_columns",
+    "sum_rows",
     "warm_up",
 ]
 
@@ -458,21 +462,62 @@ def extreme_columns(x: Any, out: Any, c_lo: int, c_hi: int, largest: bool) -> No
 
     ``x`` is a C-contiguous float32 ``[length, width]`` array; NaN is ignored, so an
     empty or all-NaN column gives -inf (fmax) or +inf (fmin), like NumPy's
-    ``fmax.reduce(initial=-inf)``.
+    ``fmax.reduce(initial=-inf)``. The running value is never NaN, so a comparison
+    and a select (one vector max / min) does what ``fmax`` does.
     """
+    wide_vectors()
     length = x.shape[0]
     w = c_hi - c_lo
-    start = -_INF if largest else _INF
-    for j in range(w):
-        out[j] = start
+    acc = out[:w]
+    acc[:] = -_INF if largest else _INF
     for r in range(length):
         src = x[r, c_lo:c_hi]
         if largest:
             for j in range(w):
-                out[j] = np.fmax(out[j], src[j])
+                v = src[j]
+                acc[j] = v if v > acc[j] else acc[j]
         else:
             for j in range(w):
-                out[j] = np.fmin(out[j], src[j])
+                v = src[j]
+                acc[j] = v if v < acc[j] else acc[j]
+
+
+@_jit
+def sum_columns(x: Any, out: Any) -> None:
+    """``out[j] = sum(x[:, j])`` for a C-contiguous float32 ``[length, width]`` array.
+
+    Rows are streamed whole into float32 running sums (a plain sum's error, ``length``
+    units of float32's epsilon at worst, as the contract allows).
+    """
+    wide_vectors()
+    w = x.shape[1]
+    acc = out[:w]
+    acc[:] = _ZERO
+    for r in range(x.shape[0]):
+        src = x[r]
+        for j in range(w):
+            acc[j] += src[j]
+
+
+#: Elements summed in float32 before a row's partial sum goes into its float64 total.
+_SUM_CHUNK = 8192
+
+
+@_jit
+def sum_rows(x: Any, out: Any) -> None:
+    """``out[r] = sum(x[r])`` for a C-contiguous float32 ``[rows, length]`` array.
+
+    Vector partial sums in float32 over chunks of :data:`_SUM_CHUNK` elements, the
+    chunks added in float64.
+    """
+    wide_vectors()
+    length = x.shape[1]
+    for r in range(x.shape[0]):
+        row = x[r]
+        total = 0.0
+        for c in range(0, length, _SUM_CHUNK):
+            total += np.float64(_row_sum(row[c : min(length, c + _SUM_CHUNK)]))
+        out[r] = _F(total)
 
 
 @_jit
@@ -501,4 +546,6 @@ def warm_up() -> None:
     log_softmax_columns(rows, rows, 0, 4)
     extreme_columns(rows, x, 0, 4, True)
     extreme_columns(rows, x, 0, 4, False)
+    sum_columns(rows, x)
+    sum_rows(rows, x[:2])
     exp_shifted_rowsum(rows, x[:2], x[2:])

@@ -31,6 +31,7 @@ __all__ = ["BLOCK", "stream_head", "stream_block", "store_fence", "warm_up"]
 #: Elements per scratch block (1 KiB of float32: 16 lines).
 BLOCK = 256
 
+
 @jit
 def stream_head(out: Any, stream: bool) -> int:
     """Elements of 1-D float32 ``out`` before its first 64-byte aligned one (all without ``stream``)."""
