@@ -17,6 +17,7 @@ import numpy as np
 
 from ..backend import ComputeBackend
 from ..errors import UnsupportedError
+from ._fuse import fuse
 from ._host import HostNode
 from ._ir import FLOAT_NAMES, Node, is_float
 from ._lowering import LOWERINGS, Lowerer, LoweringContext, Unmappable
@@ -80,6 +81,7 @@ def partition(
     ``stable`` names the constants of the model as loaded (weights keyed by name);
     ``forced`` maps nodes to the CPU fallback with the reason (refused when they ran).
     """
+    fuse(spec, lambda node: _runs_on(node, spec, primary, stable))
     ctx = LoweringContext(spec, stable)
     for info in spec.graph.inputs:
         ctx.host.add(info.name)
@@ -113,6 +115,30 @@ def partition(
             stacklevel=4,
         )
     return plans, ctx
+
+
+def _runs_on(node: Node, spec: Specialized, backend: ComputeBackend, stable: frozenset[str]) -> bool:
+    """True when ``node`` lowers and ``backend`` has everything its calls need (a trial lowering)."""
+    ctx = LoweringContext(spec, stable)
+    for name in node.present_inputs():
+        info = spec.info(name)
+        if name in spec.graph.consts or info is None:
+            continue
+        dtype, shape = info
+        if is_float(dtype):
+            size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            ctx.device[name] = DeviceTensor(Storage(max(size, 1), "arena", name), 0, shape, dtype)
+        else:
+            ctx.host.add(name)
+    lowering = LOWERINGS.get(node.op)
+    if lowering is None:
+        return False
+    lw = Lowerer(node, ctx)
+    try:
+        lowering(lw)
+    except (Unmappable, UnsupportedError):
+        return False
+    return missing(backend, [atom for instr in lw.instrs for atom in atoms_of(instr)]) is None
 
 
 def _place(

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ._fuse import MATMUL_ADD
 from ._lowering import Lowerer, Unmappable, lowers
 from ._tensors import DeviceTensor, broadcast_strides, coalesce, contiguous_strides
 
@@ -247,3 +248,32 @@ def lrn(lw: Lowerer) -> None:
             float(lw.attr("alpha", 1e-4)), float(lw.attr("beta", 0.75)), float(lw.attr("bias", 1.0)),
             dtype=y.dt,
         )  # fmt: skip
+
+
+@lowers(MATMUL_ADD)
+def matmul_add(lw: Lowerer) -> None:
+    """``x @ W (+ bias) (+ residual)`` as GEMMs accumulating into the output.
+
+    The output first holds the residual (a copy) and / or the bias broadcast over the rows
+    (a rank-1 GEMM of a column of ones and the bias), then the product is accumulated
+    into it with ``beta = 1``: no separate pass over the output for each ``Add``.
+    """
+    x_shape, (k, n) = lw.shape(0), lw.shape(1)
+    x, w = lw.tensor(0), lw.tensor(1)
+    y = lw.output(0)
+    rows = math.prod(x_shape[:-1])
+    if y.size == 0:
+        return
+    dt = y.dt
+    beta = 0.0
+    if lw.has(3):
+        lw.call("copy_dtod", y, lw.tensor(3), y.nbytes)
+        beta = 1.0
+    if lw.has(2):
+        bias = lw.tensor(2)
+        ones = lw.weight(np.ones(rows, dtype=y.dtype), "ones", key=f"ones:{rows}:{dt}")
+        lw.call("gemm", "N", "N", n, rows, 1, 1.0, bias, n, ones, 1, beta, y, n, dtype=dt)
+        beta = 1.0
+    if k == 0:
+        return
+    lw.call("gemm", "N", "N", n, rows, k, 1.0, w, max(1, n), x, max(1, k), beta, y, max(1, n), dtype=dt)
