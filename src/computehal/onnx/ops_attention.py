@@ -214,7 +214,9 @@ def attention(lw: Lowerer) -> None:
         kwargs["kv_heads"] = kv_heads
     if y.size == 0:
         return
-    lw.call("attention", q, keys, values, o, batch, heads, sq, skv, width, scale, native_causal, **kwargs)
+    # One query row at the end of the keys sees every key: the causal rule changes nothing there.
+    causal = native_causal and sq > 1
+    lw.call("attention", q, keys, values, o, batch, heads, sq, skv, width, scale, causal, **kwargs)
     if not direct:
         src = contiguous_strides((batch, heads, sq, width))
         if len(q_shape) == 3:

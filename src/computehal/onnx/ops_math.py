@@ -255,8 +255,9 @@ def matmul_add(lw: Lowerer) -> None:
     """``x @ W (+ bias) (+ residual)`` as GEMMs accumulating into the output.
 
     The output first holds the residual (a copy) and / or the bias broadcast over the rows
-    (a rank-1 GEMM of a column of ones and the bias), then the product is accumulated
-    into it with ``beta = 1``: no separate pass over the output for each ``Add``.
+    (a rank-1 GEMM of a column of ones and the bias; a copy or an addition for one row),
+    then the product is accumulated into it with ``beta = 1``: no separate pass over the
+    output for each ``Add``.
     """
     x_shape, (k, n) = lw.shape(0), lw.shape(1)
     x, w = lw.tensor(0), lw.tensor(1)
@@ -270,9 +271,14 @@ def matmul_add(lw: Lowerer) -> None:
         lw.call("copy_dtod", y, lw.tensor(3), y.nbytes)
         beta = 1.0
     if lw.has(2):
-        bias = lw.tensor(2)
-        ones = lw.weight(np.ones(rows, dtype=y.dtype), "ones", key=f"ones:{rows}:{dt}")
-        lw.call("gemm", "N", "N", n, rows, 1, 1.0, bias, n, ones, 1, beta, y, n, dtype=dt)
+        bias = lw.tensor(2).view((n,))
+        if rows == 1 and beta == 0.0:
+            lw.call("copy_dtod", y, bias, y.nbytes)
+        elif rows == 1:
+            lw.call("binary", "add", y, bias, y, n, dtype=dt)
+        else:
+            ones = lw.weight(np.ones(rows, dtype=y.dtype), "ones", key=f"ones:{rows}:{dt}")
+            lw.call("gemm", "N", "N", n, rows, 1, 1.0, bias, n, ones, 1, beta, y, n, dtype=dt)
         beta = 1.0
     if k == 0:
         return
