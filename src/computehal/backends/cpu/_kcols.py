@@ -72,10 +72,12 @@ def _phase_rows(x, n, c, h0, h1, sw, pl, padded, phases):
 
     ``phases[(h - h0) * sw + ph, j]`` = padded row ``h`` at column ``j * sw + ph`` (0 outside
     the image, and for rows outside it). ``padded`` is scratch of at least ``sw *
-    phases.shape[1]`` floats.
+    phases.shape[1]`` floats that is not part of ``phases``' memory (were it, LLVM would
+    have to assume the split overwrites its own source, and not vectorise it).
     """
     height, width = x.shape[2], x.shape[3]
     span = phases.shape[1]
+    u0, u1 = max(0, pl), max(max(0, pl), min(sw * span, width + pl))
     for h in range(h0, h1):
         base = (h - h0) * sw
         if h < 0 or h >= height:
@@ -83,18 +85,20 @@ def _phase_rows(x, n, c, h0, h1, sw, pl, padded, phases):
                 phases[base + ph, :] = 0
             continue
         row = x[n, c, h]
-        padded[: sw * span] = 0
-        u0, u1 = max(0, pl), min(sw * span, width + pl)
-        if u1 > u0:
-            padded[u0:u1] = row[u0 - pl : u1 - pl]
+        for m in range(u0):
+            padded[m] = 0
+        for m in range(u1, sw * span):
+            padded[m] = 0
+        for m in range(u0, u1):
+            padded[_U(m)] = row[_U(m - pl)]
         if sw == 1:
             phases[base, :] = padded[:span]
         elif sw == 2:
             even = phases[base]
             odd = phases[base + 1]
             for j in range(span):  # both members of the pair: shuffles, not gathers
-                even[j] = padded[2 * j]
-                odd[j] = padded[2 * j + 1]
+                even[_U(j)] = padded[_U(2 * j)]
+                odd[_U(j)] = padded[_U(2 * j + 1)]
         else:
             for ph in range(sw):
                 line = phases[base + ph]
@@ -118,27 +122,33 @@ def im2col_rows(x, n, p0, p1, ow, geometry, cols, col0, buf):
     h0 = oh0 * sh - pt
     h1 = (oh1 - 1) * sh - pt + (fh - 1) * dh + 1
     span = ow + ((fw - 1) * dw) // sw + 1
-    padded = buf[: sw * span]
-    phases = buf[sw * span : sw * span + (h1 - h0) * sw * span].reshape(((h1 - h0) * sw, span))
+    padded = np.empty(sw * span, dtype=buf.dtype)
+    phases = buf[: (h1 - h0) * sw * span].reshape(((h1 - h0) * sw, span))
+    # The row segments of the block (one per output row it touches), found once: their
+    # first column in the output row, length, and first padded input row (tap r = 0).
+    segments = oh1 - oh0
+    firsts = np.empty(segments, dtype=np.int64)
+    lengths = np.empty(segments, dtype=np.int64)
+    bases = np.empty(segments, dtype=np.int64)
+    for q in range(segments):
+        oh = oh0 + q
+        start, stop = max(p0, oh * ow), min(p1, (oh + 1) * ow)
+        firsts[q], lengths[q], bases[q] = start - oh * ow, stop - start, (oh * sh - pt - h0) * sw
     for c in range(cin):
         _phase_rows(x, n, c, h0, h1, sw, pl, padded, phases)
         for r in range(fh):
             for s in range(fw):
                 crow = (c * fh + r) * fw + s
                 phase, shift = (s * dw) % sw, (s * dw) // sw
-                p = p0
                 j = col0
-                while p < p1:
-                    oh = p // ow
-                    first = p - oh * ow
-                    seg = min(ow - first, p1 - p)
-                    prow = (oh * sh - pt + r * dh - h0) * sw + phase
-                    at = first + shift
+                for q in range(segments):
+                    prow = bases[q] + r * dh * sw + phase
+                    at = firsts[q] + shift
+                    seg = lengths[q]
                     # 2-D indices with unsigned column offsets: no view per segment and no
                     # negative-index fix-up, so this copy vectorises and costs only its loads.
-                    for q in range(seg):
-                        cols[crow, _U(j + q)] = phases[prow, _U(at + q)]
-                    p += seg
+                    for t in range(seg):
+                        cols[crow, _U(j + t)] = phases[prow, _U(at + t)]
                     j += seg
 
 
@@ -148,7 +158,7 @@ def rows_scratch(p0: int, p1: int, ow: int, geometry: tuple[int, ...]) -> int:
     oh0, oh1 = p0 // ow, (p1 - 1) // ow + 1
     rows = (oh1 - 1 - oh0) * sh + (fh - 1) * dh + 1
     span = ow + ((fw - 1) * dw) // sw + 1
-    return (rows + 1) * sw * span
+    return rows * sw * span
 
 
 def warm_up() -> None:
