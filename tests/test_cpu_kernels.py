@@ -202,6 +202,53 @@ def test_softmax_columns(shape: tuple[int, int], c_lo: int, c_hi: int) -> None:
     assert np.all(out[:, :c_lo] == 7.0) and np.all(out[:, c_hi:] == 7.0)
 
 
+def _aligned(shape: tuple[int, int], shift: int) -> npt.NDArray[np.float32]:
+    """A float32 array ``shift`` elements past a 64-byte boundary."""
+    size = shape[0] * shape[1]
+    raw = np.empty(size + 32, dtype=F32)
+    start = (-raw.ctypes.data % 64) // 4 + shift
+    return raw[start : start + size].reshape(shape)
+
+
+@pytest.mark.parametrize(
+    ("shape", "c_lo", "c_hi"), [((300, 96), 16, 80), ((64, 48), 0, 48), ((1000, 70), 3, 67)]
+)
+@pytest.mark.parametrize("log", [False, True])
+def test_streamed_column_softmax(shape: tuple[int, int], c_lo: int, c_hi: int, log: bool) -> None:
+    """The one-pass panel kernel and the two-pass kernel's streamed output, aligned or not, and in place."""
+    import computehal.backends.cpu._ksoftmax as S
+
+    x = _softmax_input(shape, 0, shape[0] + c_lo)
+    want64 = _softmax64(x, 0)
+    with np.errstate(divide="ignore"):
+        want = np.log(want64) if log else want64
+    w = c_hi - c_lo
+    for shift in (0, 3):
+        for stream in (False, True):
+            for kernel in ("panel", "columns"):
+                out = _aligned(shape, shift)
+                out[...] = 7.0
+                if kernel == "panel":
+                    S.softmax_panel(
+                        x, out, c_lo, c_hi, log, np.empty((shape[0], w), F32), np.empty((3, w), F32), stream
+                    )
+                else:
+                    S.softmax_columns(x, out, c_lo, c_hi, log, np.empty((5, w), F32), stream)
+                got = out[:, c_lo:c_hi]
+                assert np.array_equal(np.isnan(got), np.isnan(want[:, c_lo:c_hi]))
+                if not log:
+                    _check_softmax(got, want64[:, c_lo:c_hi], shape[0])
+                else:
+                    ref = want[:, c_lo:c_hi]
+                    finite = np.isfinite(ref)
+                    assert np.array_equal(got[np.isinf(ref)], ref[np.isinf(ref)])
+                    assert np.all(np.abs(got[finite] - ref[finite]) <= 1e-5 * (1 + np.abs(ref[finite])))
+                assert np.all(out[:, :c_lo] == 7.0) and np.all(out[:, c_hi:] == 7.0)
+    same = x.copy()
+    S.softmax_panel(same, same, c_lo, c_hi, log, np.empty((shape[0], w), F32), np.empty((3, w), F32), True)
+    assert np.array_equal(np.isnan(same[:, c_lo:c_hi]), np.isnan(want[:, c_lo:c_hi]))
+
+
 @pytest.mark.parametrize("largest", [True, False])
 def test_extreme_columns(largest: bool) -> None:
     x = np.random.default_rng(5).standard_normal((300, 50)).astype(F32)

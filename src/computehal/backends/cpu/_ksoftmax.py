@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._kstream import stream_copy
+from ._kwrite import store_fence, stream_block, stream_head
 from ._nb import (
     as_float,
     as_int,
@@ -41,7 +43,15 @@ from ._nb import (
     wide_vectors,
 )
 
-__all__ = ["exp_fast", "exp_fast_nan", "softmax_rows", "softmax_columns", "BLOCK_ROWS", "warm_up"]
+__all__ = [
+    "exp_fast",
+    "exp_fast_nan",
+    "softmax_rows",
+    "softmax_columns",
+    "softmax_panel",
+    "BLOCK_ROWS",
+    "warm_up",
+]
 
 _F = np.float32
 _LOG2E = _F(1.44269504088896341)
@@ -65,6 +75,8 @@ _KEY_NEG_INF = np.int32(-0x7F800001)  # order key of -inf (0xFF800000 ^ 0x7FFFFF
 
 #: Rows per block of the column softmax's first pass (read twice while in L2).
 BLOCK_ROWS = 32
+#: Rows ahead whose column segments :func:`softmax_panel` prefetches.
+_AHEAD = 16
 
 
 @jit
@@ -224,13 +236,25 @@ def _add_exps(x, r0, r1, c0, c1, safe, total):
 
 
 @jit
-def softmax_columns(x, out, c0, c1, log, work):
+def _column_results(src, dst, safe, factor, log):
+    """One row segment of the column softmax's result: ``dst = f(src)`` (``dst`` may be ``src``)."""
+    if log:
+        for j in range(dst.shape[0]):
+            dst[j] = (src[j] - safe[j]) - factor[j]
+    else:
+        for j in range(dst.shape[0]):
+            dst[j] = exp_fast_nan(src[j] - safe[j]) * factor[j]
+
+
+@jit
+def softmax_columns(x, out, c0, c1, log, work, stream=False):
     """(Log-)softmax along axis 0 of columns ``[c0, c1)`` of C-contiguous ``[length, width]`` float32.
 
     Two passes of whole row segments (no strided access): blocks of :data:`BLOCK_ROWS`
     rows fold their column maxima and sums of exponentials into running ones (each
-    block read twice while it is in L2), then one pass writes the result. ``work`` is
-    float32 scratch of [5, c1 - c0]; ``out`` may be ``x``.
+    block read twice while it is in L2), then one pass writes the result (with
+    ``stream``, through an L1 block as whole non-temporal lines, :mod:`._kwrite`).
+    ``work`` is float32 scratch of [5, c1 - c0]; ``out`` may be ``x``.
     """
     wide_vectors()
     length = x.shape[0]
@@ -250,15 +274,121 @@ def softmax_columns(x, out, c0, c1, log, work):
             factor[j] = _F(np.log(total[j])) if ok else _NAN
         else:
             factor[j] = _ONE / total[j] if ok else _NAN
+    row = np.empty(w if stream else 0, dtype=_F)
     for r in range(length):
         src = x[r, c0:c1]
         dst = out[r, c0:c1]
+        if stream:
+            # The row segment into L1 scratch, then out as whole streamed lines.
+            _column_results(src, row, safe, factor, log)
+            head = stream_head(dst, stream)
+            for j in range(head):
+                dst[j] = row[j]
+            if head < w:
+                stream_block(row[head:], w - head, dst, head)
+        else:
+            _column_results(src, dst, safe, factor, log)
+    if stream:
+        store_fence()
+
+
+_U = np.uint64
+
+
+@jit
+def _panel_load(x, c0, c1, panel, peak):
+    """Copy columns ``[c0, c1)`` of every row of ``x`` into the packed ``panel``; ``peak`` = their maxima.
+
+    NaN is passed over (the running value is never NaN). The row segments :data:`_AHEAD`
+    rows ahead are prefetched: a segment is a few lines, too short for the hardware's
+    stream detection.
+    """
+    wide_vectors()
+    length, width = x.shape
+    w = c1 - c0
+    xf, pf = x.reshape(-1), panel.reshape(-1)
+    peak[:] = -_INF
+    for r in range(length):
+        if r + _AHEAD < length:
+            for j in range(0, w, 16):
+                prefetch(xf, (r + _AHEAD) * width + c0 + j)
+        src = _U(r * width + c0)
+        dst = _U(r * w)
+        for j in range(w):
+            v = xf[src + _U(j)]
+            pf[dst + _U(j)] = v
+            peak[j] = v if v > peak[j] else peak[j]
+
+
+@jit
+def _panel_exps(panel, peak, total, store):
+    """``total[j] = sum(exp(panel[:, j] - peak[j]))``; with ``store`` the exponentials replace ``panel``."""
+    wide_vectors()
+    total[:] = _ZERO
+    for r in range(panel.shape[0]):
+        row = panel[r]
+        if store:
+            for j in range(row.shape[0]):
+                e = exp_fast_nan(row[j] - peak[j])
+                row[j] = e
+                total[j] += e
+        else:
+            for j in range(row.shape[0]):
+                total[j] += exp_fast_nan(row[j] - peak[j])
+
+
+@jit
+def _panel_finish(panel, out, c0, c1, peak, factor, log, lines, tmp):
+    """``out[:, c0:c1]`` = the results from the exponentials (or, ``log``, the inputs) in ``panel``.
+
+    Each row is finished into ``tmp`` (float32, ``c1 - c0``, in L1) and written out; with
+    ``lines`` (every row's ``out[r, c0]`` 64-byte aligned) whole lines are streamed.
+    """
+    wide_vectors()
+    width = out.shape[1]
+    w = c1 - c0
+    of = out.reshape(-1)
+    body = w // 16 * 16 if lines else 0
+    for r in range(panel.shape[0]):
+        row = panel[r]
         if log:
             for j in range(w):
-                dst[j] = (src[j] - safe[j]) - factor[j]
+                tmp[j] = (row[j] - peak[j]) - factor[j]
         else:
             for j in range(w):
-                dst[j] = exp_fast_nan(src[j] - safe[j]) * factor[j]
+                tmp[j] = row[j] * factor[j]
+        at = r * width + c0
+        for j in range(0, body, 16):
+            stream_copy(tmp, j, of, at + j)
+        dst = _U(at)
+        for j in range(body, w):
+            of[dst + _U(j)] = tmp[j]
+
+
+@jit
+def softmax_panel(x, out, c0, c1, log, panel, work, stream):
+    """(Log-)softmax along axis 0 of columns ``[c0, c1)`` of C-contiguous ``[length, width]`` float32.
+
+    One read and one write of memory: the columns of every row are copied into the
+    packed ``panel`` (float32 [length, c1 - c0], sized to stay in L2, where the rows'
+    own stride could map them onto a few cache sets) while their maxima are taken; the
+    exponentials and their sums are computed in the panel, and each row's results are
+    written out (with ``stream``, whole lines streamed where the rows are 64-byte
+    aligned). ``work`` is float32 scratch of [3, c1 - c0]; ``out`` may be ``x``. NaN
+    semantics are the three-pass definition's: a column holding NaN or +inf, or only
+    -inf, becomes NaN (its sum or ``x - max`` is NaN); -inf entries give 0 (log: -inf).
+    """
+    wide_vectors()
+    w = c1 - c0
+    peak, total, tmp = work[0, :w], work[1, :w], work[2, :w]
+    _panel_load(x, c0, c1, panel, peak)
+    _panel_exps(panel, peak, total, not log)
+    for j in range(w):
+        total[j] = _F(np.log(total[j])) if log else _ONE / total[j]
+    lines = stream and (out.ctypes.data + 4 * c0) % 64 == 0 and (4 * out.shape[1]) % 64 == 0
+    _panel_finish(panel, out, c0, c1, peak, total, log, lines, tmp)
+    if lines:
+        store_fence()
 
 
 def warm_up() -> None:
@@ -268,3 +398,6 @@ def warm_up() -> None:
     for log in (False, True):
         softmax_rows(x, x, 0, 9, log, work[0])
         softmax_columns(x, x, 0, 9, log, work)
+        softmax_columns(x, x, 0, 9, log, work, True)
+        for stream in (False, True):
+            softmax_panel(x, x, 0, 9, log, np.zeros((9, 9), dtype=_F), work, stream)

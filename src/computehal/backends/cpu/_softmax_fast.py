@@ -1,9 +1,12 @@
 """Softmax and log-softmax with the fused kernels of :mod:`._ksoftmax`, split over the worker threads.
 
-Rows (``inner == 1``) go to the threads in contiguous ranges; a strided axis is split
-into column ranges of each outer slice, at least :data:`MIN_COLUMNS` wide so that
-every row segment a thread streams is long. Each thread keeps its scratch between
-calls (:func:`._conv_winograd.thread_scratch`).
+Rows (``inner == 1``) go to the threads in contiguous ranges. A strided axis is split
+into column panels of each outer slice whose rows all fit in cache together
+(:func:`._ksoftmax.softmax_panel`: one read and one write of memory); where even a
+line's width of every row would not fit, into column ranges at least
+:data:`MIN_COLUMNS` wide for the two-pass :func:`._ksoftmax.softmax_columns`. Outputs
+far larger than the caches are written with non-temporal stores. Each thread keeps its
+scratch between calls (:func:`._scratch.thread_scratch`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,12 @@ __all__ = ["fast_softmax"]
 MIN_ELEMENTS = 1 << 12
 #: Narrowest column range of the strided-axis kernel.
 MIN_COLUMNS = 64
+#: Outputs from this many bytes on are written with non-temporal stores (far beyond L2).
+STREAM_BYTES = 8 << 20
+#: Bytes of one column panel of the one-pass strided-axis kernel (about an L2).
+PANEL_BYTES = 2 << 20
+#: Narrowest panel: 64 bytes (a line) of each row.
+MIN_PANEL = 16
 
 
 def fast_softmax(p: v.AxisProblem, x: FloatArray, out: FloatArray) -> bool:
@@ -45,13 +54,37 @@ def fast_softmax(p: v.AxisProblem, x: FloatArray, out: FloatArray) -> bool:
 
         parallel_ranges(p.outer, run_rows, grain=max(1, PARALLEL_THRESHOLD // p.length))
         return True
+    width = _panel_width(p.length, p.inner)
+    stream = out.nbytes >= STREAM_BYTES
+    if width:
+        # Column panels whose every row fits in cache together: one read and one write of memory.
+        tiles = [(o, c0, min(p.inner, c0 + width)) for o in range(p.outer) for c0 in range(0, p.inner, width)]
+
+        def run_tiles(start: int, stop: int) -> None:
+            panel = thread_scratch("softmax-panel", p.length * width)
+            work = thread_scratch("softmax-panel-work", 3 * width)[: 3 * width].reshape(3, width)
+            for o, c0, c1 in tiles[start:stop]:
+                packed = panel[: p.length * (c1 - c0)].reshape(p.length, c1 - c0)
+                kern.softmax_panel(x[o], out[o], c0, c1, p.log, packed, work, stream)
+
+        parallel_ranges(len(tiles), run_tiles, grain=max(1, PARALLEL_THRESHOLD // (p.length * width)))
+        return True
     width = max(MIN_COLUMNS, -(-p.inner // workers()))
     panels = [(o, c0, min(p.inner, c0 + width)) for o in range(p.outer) for c0 in range(0, p.inner, width)]
 
     def run_panels(start: int, stop: int) -> None:
         for o, c0, c1 in panels[start:stop]:
             work = thread_scratch("softmax-columns", 5 * (c1 - c0))[: 5 * (c1 - c0)].reshape(5, c1 - c0)
-            kern.softmax_columns(x[o], out[o], c0, c1, p.log, work)
+            kern.softmax_columns(x[o], out[o], c0, c1, p.log, work, stream)
 
     parallel_ranges(len(panels), run_panels, grain=max(1, PARALLEL_THRESHOLD // (p.length * width)))
     return True
+
+
+def _panel_width(length: int, inner: int) -> int:
+    """Columns per panel of the one-pass strided-axis kernel (a multiple of 16 where the axis
+    is wider), or 0 where :data:`MIN_PANEL` columns of every row would not fit in :data:`PANEL_BYTES`."""
+    width = PANEL_BYTES // (4 * length) // 16 * 16
+    if width < MIN_PANEL or inner < MIN_PANEL:
+        return 0
+    return min(width, inner)
