@@ -23,7 +23,7 @@ import itertools
 import operator
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, NamedTuple
@@ -50,6 +50,9 @@ ALIGNMENT = 64
 #: Largest count accepted anywhere (sizes, dimensions); anything larger cannot be
 #: backed by memory on any machine and is rejected before arithmetic on it.
 MAX_COUNT = 2**62
+
+#: One past the largest pointer: pointers are 64-bit addresses.
+ADDRESS_END = 2**64
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -82,6 +85,8 @@ def as_count(name: str, value: object) -> int:
     InvalidArgumentError
         If ``value`` is not an integer (``bool`` included), is negative, or exceeds 2**62.
     """
+    if type(value) is int and 0 <= value <= MAX_COUNT:  # the common case: a plain, valid int
+        return value
     count = as_int(name, value)
     if count < 0:
         raise InvalidArgumentError(f"{name} must be >= 0, got {count}")
@@ -92,15 +97,17 @@ def as_count(name: str, value: object) -> int:
 
 def as_pointer(name: str, value: object) -> int:
     """Return ``value`` as a pointer ``int``; 0, negatives and non-integers are errors."""
+    if type(value) is int and 0 < value < ADDRESS_END:  # the common case: a plain, valid int
+        return value
     ptr = as_int(name, value, what="an integer pointer")
     if ptr == 0:
         raise InvalidArgumentError(f"{name} is a null pointer")
-    if ptr < 0 or ptr >= 2**64:
+    if ptr < 0 or ptr >= ADDRESS_END:
         raise InvalidArgumentError(f"{name} = {ptr} is not a 64-bit address")
     return ptr
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Allocation:
     """One allocation: ``size`` bytes at ``base``.
 
@@ -178,8 +185,9 @@ class Region(NamedTuple):
 class Lease:
     """The operands of one operation, pinned from resolution until the lease ends.
 
-    Use as a context manager: ``with table.lease() as lease: region = lease.resolve(...)``.
-    Leases are cheap (one per call) and belong to one thread.
+    Use as a context manager (``with table.lease() as lease: region = lease.resolve(...)``)
+    or call :meth:`end` exactly once. Leases are cheap (one per call) and belong to one
+    thread; resolving an operand takes the table's lock once, and ending the lease once.
     """
 
     __slots__ = ("_table", "_pinned")
@@ -190,14 +198,32 @@ class Lease:
 
     def resolve(self, name: str, ptr: object, nbytes: int, align: int = 1) -> Region:
         """Check and pin ``nbytes`` bytes at ``ptr``; see :meth:`PointerTable.resolve`."""
-        region = self._table._lookup(name, ptr, nbytes, align, self._pinned)
-        return region
+        address = ptr if type(ptr) is int and 0 < ptr < ADDRESS_END else as_pointer(name, ptr)
+        if address % align:
+            raise _misaligned(name, address, align)
+        table = self._table
+        with table._lock:
+            allocation = table._by_base.get(address)  # operands are most often base pointers
+            if allocation is None:
+                allocation = table._find(address)
+                if allocation is None:
+                    raise table._missing(name, address)
+            offset = address - allocation.base
+            if nbytes > allocation.size - offset:
+                raise _too_short(name, address, nbytes, allocation)
+            allocation.pins += 1
+            self._pinned.append(allocation)
+        return _region(Region, (allocation, offset, nbytes))
 
     def pin(self, allocation: Allocation) -> None:
         """Pin an allocation found otherwise (a backend's scratch, say) until the lease ends."""
         with self._table._lock:
             allocation.pins += 1
             self._pinned.append(allocation)
+
+    def end(self) -> None:
+        """Unpin every operand; release those freed meanwhile (once the last lease on them ends)."""
+        self._table._end(self._pinned)
 
     def __enter__(self) -> Lease:
         return self
@@ -209,6 +235,22 @@ class Lease:
         tb: TracebackType | None,
     ) -> None:
         self._table._end(self._pinned)
+
+
+#: ``Region`` without the named tuple's Python-level ``__new__`` (one per operand per call).
+_region = tuple.__new__
+
+
+def _misaligned(name: str, address: int, align: int) -> InvalidArgumentError:
+    return InvalidArgumentError(f"{name} = {address:#x} is not aligned to its {align}-byte elements")
+
+
+def _too_short(name: str, address: int, nbytes: int, allocation: Allocation) -> InvalidArgumentError:
+    available = allocation.end - address
+    return InvalidArgumentError(
+        f"{name} = {address:#x} needs {nbytes} bytes but only {available} remain in "
+        f"its allocation ({allocation.size} bytes at {allocation.base:#x})"
+    )
 
 
 class PointerTable:
@@ -337,27 +379,6 @@ class PointerTable:
             f"{name} = {address:#x} does not point into any live allocation of this backend"
         )
 
-    def _lookup(
-        self, name: str, ptr: object, nbytes: int, align: int, pinned: list[Allocation] | None
-    ) -> Region:
-        address = ptr if type(ptr) is int and ptr > 0 else as_pointer(name, ptr)
-        if address % align:
-            raise InvalidArgumentError(f"{name} = {address:#x} is not aligned to its {align}-byte elements")
-        with self._lock:
-            allocation = self._find(address)
-            if allocation is None:
-                raise self._missing(name, address)
-            available = allocation.end - address
-            if nbytes > available or (nbytes > 0 and available == 0):
-                raise InvalidArgumentError(
-                    f"{name} = {address:#x} needs {nbytes} bytes but only {available} remain in "
-                    f"its allocation ({allocation.size} bytes at {allocation.base:#x})"
-                )
-            if pinned is not None:
-                allocation.pins += 1
-                pinned.append(allocation)
-        return Region(allocation, address - allocation.base, nbytes)
-
     def resolve(self, name: str, ptr: object, nbytes: int, align: int = 1) -> Region:
         """Check that ``nbytes`` bytes at ``ptr`` lie inside one live allocation (no pin).
 
@@ -371,7 +392,16 @@ class PointerTable:
         InvalidArgumentError
             Naming the argument, the pointer in hex, and the bytes needed vs available.
         """
-        return self._lookup(name, ptr, nbytes, align, None)
+        address = ptr if type(ptr) is int and 0 < ptr < ADDRESS_END else as_pointer(name, ptr)
+        if address % align:
+            raise _misaligned(name, address, align)
+        with self._lock:
+            allocation = self._find(address)
+            if allocation is None:
+                raise self._missing(name, address)
+            if nbytes > allocation.end - address:
+                raise _too_short(name, address, nbytes, allocation)
+        return Region(allocation, address - allocation.base, nbytes)
 
     def info(self, ptr: object) -> AllocationInfo | None:
         """The live allocation holding ``ptr`` (base .. end inclusive), or None."""
@@ -396,24 +426,25 @@ class PointerTable:
             if self._closed:
                 raise NotInitializedError()
             self._leases += 1
-        _THREAD.depth = getattr(_THREAD, "depth", 0) + 1
+        _THREAD.depth += 1
         return Lease(self)
 
     def _end(self, pinned: list[Allocation]) -> None:
-        due: list[Allocation] = []
-        callbacks: list[Callable[[], None]] = []
+        due: list[Allocation] | None = None
+        callbacks: Sequence[Callable[[], None]] = ()
         _THREAD.depth -= 1
         with self._lock:
             for allocation in pinned:
                 allocation.pins -= 1
-                if allocation.pins == 0 and allocation.freed:
-                    due.append(allocation)
+                if allocation.freed and allocation.pins == 0:
+                    due = [allocation] if due is None else [*due, allocation]
             pinned.clear()
             self._leases -= 1
             if self._leases == 0 and (self._waiting or self._on_idle):
                 callbacks, self._on_idle = self._on_idle, []
                 self._idle.notify_all()
-        self._released(due)
+        if due is not None:
+            self._released(due)
         for callback in callbacks:
             callback()
 
@@ -489,12 +520,18 @@ class PointerTable:
         return self._closed
 
 
-_THREAD = threading.local()
+class _ThreadState(threading.local):
+    """Per thread: how many operations (of any backend) the thread is inside."""
+
+    depth = 0
+
+
+_THREAD = _ThreadState()
 
 
 def _holds_lease_here() -> bool:
     """True when the calling thread is inside an operation of some backend."""
-    return bool(getattr(_THREAD, "depth", 0))
+    return bool(_THREAD.depth)
 
 
 class AddressSpace:

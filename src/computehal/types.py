@@ -32,7 +32,13 @@ __all__ = [
 
 
 class ValueEnum(enum.Enum):
-    """An enumeration whose ``str()`` is its value (``str(BinaryOp.ADD) == "add"``)."""
+    """An enumeration whose ``str()`` is its value (``str(BinaryOp.ADD) == "add"``).
+
+    Members hash by identity (they compare by identity): ``Enum``'s own ``__hash__`` is
+    a Python-level call, paid by every dict or set lookup of a member on each operation.
+    """
+
+    __hash__ = object.__hash__
 
     def __str__(self) -> str:
         return str(self.value)

@@ -90,15 +90,43 @@ def _as_dtype(name: str) -> np.dtype[Any]:
     return np.dtype("uint8") if name == "uint8" else as_float_dtype(name)
 
 
+#: The body of every generated public operation: what :func:`guarded` and ``with
+#: self._memory().lease()`` do, written out (one frame per call instead of four).
+_OPERATION_BODY = """\
+try:
+    if not self._initialized:
+        raise _NotInitializedError()
+    lease = self._table.lease()
+    try:
+        self._dispatch({name!r}, _validate(lease, {call}))
+    finally:
+        lease.end()
+except _BackendError:
+    raise
+except MemoryError as exc:
+    raise _OutOfMemoryError() from exc
+except Exception as exc:
+    raise _DeviceError(f"{name} failed: {{type(exc).__name__}}: {{exc}}") from exc
+"""
+
+
 def _operation(op: str) -> Any:
-    """The public method of ``op``: open a lease, validate, dispatch (signature from the contract)."""
-    return guarded(
-        method_from(
-            getattr(ComputeBackend, op),
-            "with self._memory().lease() as lease:\n    self._dispatch({name!r}, _validate(lease, {call}))",
-            {"__name__": __name__, "_validate": v.VALIDATORS[op]},
-            qualname=f"TableBackend.{op}",
-        )
+    """The public method of ``op``: open a lease, validate, dispatch (signature from the contract).
+
+    Only the :class:`BackendError` family escapes, as from a :func:`guarded` method.
+    """
+    return method_from(
+        getattr(ComputeBackend, op),
+        _OPERATION_BODY,
+        {
+            "__name__": __name__,
+            "_validate": v.VALIDATORS[op],
+            "_BackendError": BackendError,
+            "_NotInitializedError": NotInitializedError,
+            "_OutOfMemoryError": OutOfMemoryError,
+            "_DeviceError": DeviceError,
+        },
+        qualname=f"TableBackend.{op}",
     )
 
 
@@ -137,6 +165,7 @@ class TableBackend(ComputeBackend):
         self._lifecycle_lock = threading.Lock()
         self._dtype_cache: dict[str, frozenset[str]] | None = None
         self._native_cache: dict[str, frozenset[np.dtype[Any]]] = {}
+        self._plans: dict[str, tuple[frozenset[np.dtype[Any]], Callable[[Any, v.Problem], None]]] = {}
 
     # ------------------------------------------------------------------ hooks
 
@@ -203,6 +232,7 @@ class TableBackend(ComputeBackend):
                 extra = _WIDENED if widen and op not in _NEVER_WIDENED and "float32" in names else set()
                 table[op] = names | extra
             self._native_cache = {op: frozenset(_as_dtype(n) for n in names) for op, names in native.items()}
+            self._plans = {}
             self._dtype_cache = table
         return self._dtype_cache
 
@@ -348,43 +378,47 @@ class TableBackend(ComputeBackend):
         """Run a validated problem through the shared mechanisms and the backend's hook.
 
         An operation or dtype the backend does not offer raises UnsupportedError even
-        for an empty problem: ``capabilities().dtypes(op)`` holds for every size.
+        for an empty problem: ``capabilities().dtypes(op)`` holds for every size. The
+        common case (a native dtype, something to compute, no overlap) costs a few
+        attribute tests: the cheap checks come first.
         """
+        plan = self._plans.get(op)
+        if plan is None:
+            plan = self._plan(op)
+        native, hook = plan
+        if p.dtype not in native:
+            self._dispatch_other(op, p)
+            return
         if p.empty:
-            name = p.dtype.name
-            if name not in self.op_dtypes().get(op, ()):
-                raise UnsupportedError(
-                    f"{op} with dtype {name} on the {self.name()} backend{self._dtype_note(name)}"
-                )
             return
-        native = self._native_cache.get(op)
-        if native is None or p.dtype not in native:
-            self._dispatch_widened(op, p)
-            return
-        constant = p.constant_output()
-        if constant is not None:
-            region, value = constant
-            self._exec_fill(v.FillProblem(region, region.nbytes // p.dtype.itemsize, value, p.dtype))
-            return
-        hook = getattr(self, "_exec_" + op)
+        if p.CONSTANT_OUTPUT:
+            constant = p.constant_output()
+            if constant is not None:
+                region, value = constant
+                self._exec_fill(v.FillProblem(region, region.nbytes // p.dtype.itemsize, value, p.dtype))
+                return
         if op in self.handles_aliasing or not p.overlapping():
-            hook(p)
+            hook(self, p)
             return
         with self._scratches() as held:
-            hook(self._copy_inputs_aside(p, held))
+            hook(self, self._copy_inputs_aside(p, held))
 
-    def _dispatch_widened(self, op: str, p: v.Problem) -> None:
-        """A dtype the hook does not take: widen a 16-bit type to float32, or refuse."""
-        name = p.dtype.name
-        if self._dtype_cache is None:  # not loaded yet: load and try again
+    def _plan(self, op: str) -> tuple[frozenset[np.dtype[Any]], Callable[[Any, v.Problem], None]]:
+        """(dtypes the hook of ``op`` takes natively, the hook), cached until the next ``init``."""
+        if self._dtype_cache is None:
             self.op_dtypes()
-            if op in self._native_cache:
-                self._dispatch(op, p)
-                return
-        if op in self._native_cache and name in _WIDENED and name in self.op_dtypes().get(op, ()):
+        plan = (self._native_cache.get(op, frozenset()), getattr(type(self), "_exec_" + op))
+        self._plans[op] = plan
+        return plan
+
+    def _dispatch_other(self, op: str, p: v.Problem) -> None:
+        """A dtype the hook does not take natively: nothing to do, widen a 16-bit type, or refuse."""
+        name = p.dtype.name
+        if name not in self.op_dtypes().get(op, ()):
+            note = self._dtype_note(name)
+            raise UnsupportedError(f"{op} with dtype {name} on the {self.name()} backend{note}")
+        if not p.empty:
             self._widen_and_dispatch(op, p)
-            return
-        raise UnsupportedError(f"{op} with dtype {name} on the {self.name()} backend{self._dtype_note(name)}")
 
     def _copy_inputs_aside(self, p: v.Problem, held: list[Region]) -> v.Problem:
         """``p`` with every input that overlaps an output replaced by a device copy."""

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
 from ..errors import InvalidArgumentError
 from ..memory import Lease, Region, as_count, as_pointer
-from ._core import Operand, Problem, Role, as_finite, as_flag, as_shape, float_dtype
+from ._core import Operand, Problem, Role, as_finite, as_flag, as_shape, float_dtype, record
 
 __all__ = ["AttentionProblem", "attention", "broadcast_strides"]
 
 
-@dataclass(frozen=True)
+@record
 class AttentionProblem(Problem):
     """A validated attention call.
 

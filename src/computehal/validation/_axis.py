@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -11,7 +11,7 @@ import numpy as np
 from ..errors import InvalidArgumentError
 from ..memory import Lease, Region, as_count, as_pointer
 from ..types import ReduceOp, coerce_enum
-from ._core import Operand, Problem, Role, as_finite, as_flag, as_shape, float_dtype
+from ._core import Operand, Problem, Role, as_finite, as_flag, as_shape, float_dtype, record
 
 __all__ = [
     "AxisProblem",
@@ -30,7 +30,7 @@ _IO = (Operand("input", Role.IN), Operand("output", Role.OUT))
 _EMPTY_AXIS = {ReduceOp.SUM: 0.0, ReduceOp.MEAN: 0.0, ReduceOp.MAX: -math.inf, ReduceOp.MIN: math.inf}
 
 
-@dataclass(frozen=True)
+@record
 class AxisProblem(Problem):
     """A validated reduce or softmax over ``axis`` of a row-major tensor.
 
@@ -117,7 +117,7 @@ def softmax(
 # --------------------------------------------------------------------------- row normalisation
 
 
-@dataclass(frozen=True)
+@record
 class NormProblem(Problem):
     """A validated ``layer_norm`` (``rms`` False) or ``rms_norm`` over rows of ``cols``."""
 
@@ -215,7 +215,7 @@ def rms_norm(
 # --------------------------------------------------------------------------- channel normalisation
 
 
-@dataclass(frozen=True)
+@record
 class BatchNormProblem(Problem):
     """A validated inference ``batch_norm``: input viewed as [n, c, spatial], channel axis 1."""
 
@@ -270,7 +270,7 @@ def batch_norm(
     return BatchNormProblem(dims, n, c, spatial, e, x, s, b, m, v, y, dt)
 
 
-@dataclass(frozen=True)
+@record
 class LrnProblem(Problem):
     """A validated ``lrn`` (ONNX's LRN across channels): input viewed as [n, c, spatial].
 

@@ -11,7 +11,7 @@ from ..dtypes import F32
 from ..errors import InvalidArgumentError
 from ..memory import Lease, Region, as_count, as_pointer
 from ..types import BackendTranspose, MixedPrecision, coerce_enum
-from ._core import BLAS_INT_MAX, Operand, Problem, Role, as_scalar, float_dtype, matrix_bytes
+from ._core import BLAS_INT_MAX, Operand, Problem, Role, as_scalar, float_dtype, matrix_bytes, record
 
 __all__ = [
     "GemmProblem",
@@ -24,7 +24,7 @@ __all__ = [
 _GEMM_OPERANDS = (Operand("a", Role.IN), Operand("b", Role.IN), Operand("c", Role.INOUT))
 
 
-@dataclass(frozen=True)
+@record
 class GemmProblem(Problem):
     """A validated GEMM: ``C = alpha * op(A) @ op(B) + beta * C``, column-major.
 
@@ -196,7 +196,7 @@ def gemm_mixed_precision(
     return _gemm_problem(lease, g, F32, fmt)
 
 
-@dataclass(frozen=True)
+@record
 class BatchedGemmProblem(Problem):
     """A validated strided batched GEMM; ``gemm`` describes batch 0.
 

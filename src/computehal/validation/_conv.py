@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -10,7 +9,7 @@ import numpy as np
 from ..errors import InvalidArgumentError
 from ..memory import Lease, Region, as_count, as_pointer, ceil_div
 from ..types import PoolOp, coerce_enum
-from ._core import INDEX_MAX, Operand, Problem, Role, as_flag, as_shape, float_dtype
+from ._core import INDEX_MAX, Operand, Problem, Role, as_flag, as_shape, float_dtype, record
 
 __all__ = [
     "ConvProblem",
@@ -41,7 +40,7 @@ def _pair(name: str, value: object) -> tuple[int, int]:
     return a, b
 
 
-@dataclass(frozen=True)
+@record
 class ConvProblem(Problem):
     """A validated 2-D convolution (NCHW input, KCHW filter, NKHW output).
 
@@ -108,7 +107,7 @@ class ConvProblem(Problem):
         return self.groups == self.c and self.c > 0
 
 
-@dataclass(frozen=True)
+@record
 class ConvForwardProblem(ConvProblem):
     """``conv2d_forward``: reads ``x``, ``f`` (and ``bias``), overwrites ``y``."""
 
@@ -124,7 +123,7 @@ class ConvForwardProblem(ConvProblem):
         return (self.y, 0.0) if self.c == 0 and self.bias is None else None
 
 
-@dataclass(frozen=True)
+@record
 class ConvDataProblem(ConvProblem):
     """``conv2d_backward_data``: reads ``y`` (output gradient) and ``f``, overwrites ``x``."""
 
@@ -139,7 +138,7 @@ class ConvDataProblem(ConvProblem):
         return (self.x, 0.0) if self.k == 0 else None
 
 
-@dataclass(frozen=True)
+@record
 class ConvFilterProblem(ConvProblem):
     """``conv2d_backward_filter``: reads ``x`` and ``y`` (output gradient), overwrites ``f``."""
 
@@ -324,7 +323,7 @@ def conv2d_backward_filter(
 # --------------------------------------------------------------------------- pooling
 
 
-@dataclass(frozen=True)
+@record
 class PoolProblem(Problem):
     """A validated ``pool2d``: input [N, C, H, W], output [N, C, Oh, Ow].
 

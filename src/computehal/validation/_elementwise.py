@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
-from ..dtypes import as_float_dtype
+from ..dtypes import F32, as_float_dtype
 from ..errors import InvalidArgumentError
-from ..memory import Lease, Region, as_count, as_pointer
+from ..memory import MAX_COUNT, Lease, Region, as_count, as_pointer
 from ..types import BinaryOp, UnaryOp, coerce_enum
 from ._attention import broadcast_strides
-from ._core import MAX_DIMS, Operand, Problem, Role, as_scalar, as_shape, float_dtype
+from ._core import MAX_DIMS, Operand, Problem, Role, as_scalar, as_shape, float_dtype, record
 
 __all__ = [
     "ElementwiseProblem",
@@ -26,10 +25,14 @@ __all__ = [
     "broadcast_shape",
 ]
 
+#: Each member by its value (``"relu"``): the common spelling of ``op``, one dict probe.
+_UNARY_BY_VALUE: dict[str, UnaryOp] = {member.value: member for member in UnaryOp}
+_BINARY_BY_VALUE: dict[str, BinaryOp] = {member.value: member for member in BinaryOp}
+
 _IN_OUT = (Operand("a", Role.IN), Operand("b", Role.IN), Operand("out", Role.OUT))
 
 
-@dataclass(frozen=True)
+@record
 class ElementwiseProblem(Problem):
     """A validated unary (``b`` is ``None``) or binary op over ``n`` elements.
 
@@ -79,16 +82,23 @@ def unary(
     hi: object = None,
 ) -> ElementwiseProblem:
     """Validate ``unary``."""
-    uop = coerce_enum(UnaryOp, op, "op")
-    dt = float_dtype(dtype)
-    count = as_count("n", n)
-    al = _param(uop, UnaryOp.LEAKY_RELU, "alpha", alpha, 0.01)
-    low = _param(uop, UnaryOp.CLIP, "lo", lo, -math.inf)
-    high = _param(uop, UnaryOp.CLIP, "hi", hi, math.inf)
+    # Plain arguments (a member or its value, the default dtype, a plain int count and
+    # pointers, no parameters) take the fast path; anything else is converted in full.
+    uop = op if type(op) is UnaryOp else _UNARY_BY_VALUE.get(op) if type(op) is str else None
+    if uop is None:
+        uop = coerce_enum(UnaryOp, op, "op")
+    dt = F32 if dtype is F32 or (type(dtype) is str and dtype == "float32") else float_dtype(dtype)
+    count = n if type(n) is int and 0 <= n <= MAX_COUNT else as_count("n", n)
+    if alpha is None and lo is None and hi is None:
+        al, low, high = 0.01, -math.inf, math.inf
+    else:
+        al = _param(uop, UnaryOp.LEAKY_RELU, "alpha", alpha, 0.01)
+        low = _param(uop, UnaryOp.CLIP, "lo", lo, -math.inf)
+        high = _param(uop, UnaryOp.CLIP, "hi", hi, math.inf)
     src, dst = as_pointer("input_ptr", input_ptr), as_pointer("output_ptr", output_ptr)
     size = dt.itemsize
-    a = lease.resolve("input_ptr", src, count * size, align=size)
-    out = lease.resolve("output_ptr", dst, count * size, align=size)
+    a = lease.resolve("input_ptr", src, count * size, size)
+    out = lease.resolve("output_ptr", dst, count * size, size)
     return ElementwiseProblem(uop, count, a, None, out, dt, al, low, high)
 
 
@@ -103,14 +113,16 @@ def binary(
     dtype: object = "float32",
 ) -> ElementwiseProblem:
     """Validate ``binary``."""
-    bop = coerce_enum(BinaryOp, op, "op")
-    dt = float_dtype(dtype)
-    count = as_count("n", n)
+    bop = op if type(op) is BinaryOp else _BINARY_BY_VALUE.get(op) if type(op) is str else None
+    if bop is None:
+        bop = coerce_enum(BinaryOp, op, "op")
+    dt = F32 if dtype is F32 or (type(dtype) is str and dtype == "float32") else float_dtype(dtype)
+    count = n if type(n) is int and 0 <= n <= MAX_COUNT else as_count("n", n)
     pa, pb, po = as_pointer("a_ptr", a_ptr), as_pointer("b_ptr", b_ptr), as_pointer("output_ptr", output_ptr)
     size = dt.itemsize
-    a = lease.resolve("a_ptr", pa, count * size, align=size)
-    b = lease.resolve("b_ptr", pb, count * size, align=size)
-    out = lease.resolve("output_ptr", po, count * size, align=size)
+    a = lease.resolve("a_ptr", pa, count * size, size)
+    b = lease.resolve("b_ptr", pb, count * size, size)
+    out = lease.resolve("output_ptr", po, count * size, size)
     return ElementwiseProblem(bop, count, a, b, out, dt)
 
 
@@ -129,7 +141,7 @@ def broadcast_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] |
     return tuple(out)
 
 
-@dataclass(frozen=True)
+@record
 class BroadcastProblem(Problem):
     """A validated ``broadcast_binary``: ``out = op(a, b)`` with NumPy broadcasting.
 
@@ -195,7 +207,7 @@ def broadcast_binary(
 # --------------------------------------------------------------------------- conversion
 
 
-@dataclass(frozen=True)
+@record
 class CastProblem(Problem):
     """A validated ``cast`` of ``n`` elements from ``dtype`` to ``out_dtype`` (round to nearest even)."""
 

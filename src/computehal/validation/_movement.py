@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -12,7 +11,7 @@ import numpy.typing as npt
 from ..dtypes import as_index_dtype
 from ..errors import InvalidArgumentError
 from ..memory import Lease, Region, as_count, as_pointer
-from ._core import MAX_DIMS, Operand, Problem, Role, as_ints, as_scalar, as_shape, float_dtype
+from ._core import MAX_DIMS, Operand, Problem, Role, as_ints, as_scalar, as_shape, float_dtype, record
 from ._host import snapshot_indices
 
 __all__ = [
@@ -34,7 +33,7 @@ __all__ = [
 BYTES = np.dtype(np.uint8)
 
 
-@dataclass(frozen=True)
+@record
 class CopyProblem(Problem):
     """A validated ``copy_dtod`` of ``nbytes`` bytes (``dtype`` is uint8: raw bytes)."""
 
@@ -66,7 +65,7 @@ def copy_dtod(lease: Lease, dst_ptr: object, src_ptr: object, nbytes: object) ->
     return CopyProblem(dst, src, count)
 
 
-@dataclass(frozen=True)
+@record
 class FillProblem(Problem):
     """A validated ``fill``: ``count`` elements of ``dtype`` set to ``value`` (rounded to ``dtype``)."""
 
@@ -93,7 +92,7 @@ def fill(
 # --------------------------------------------------------------------------- strided copies
 
 
-@dataclass(frozen=True)
+@record
 class StridedProblem(Problem):
     """A validated ``copy_strided``.
 
@@ -199,7 +198,7 @@ def copy_strided(
 # --------------------------------------------------------------------------- gather / scatter
 
 
-@dataclass(frozen=True)
+@record
 class RowsProblem(Problem):
     """A validated gather or scatter of rows of ``cols`` elements.
 
@@ -233,7 +232,7 @@ class RowsProblem(Problem):
         return self.count == 0 or self.cols == 0
 
 
-@dataclass(frozen=True)
+@record
 class GatherProblem(RowsProblem):
     """``gather``: output row ``i`` = input row ``indices[i]``."""
 
@@ -244,7 +243,7 @@ class GatherProblem(RowsProblem):
     )
 
 
-@dataclass(frozen=True)
+@record
 class ScatterProblem(RowsProblem):
     """``scatter``: output row ``indices[i]`` = input row ``i``; other rows keep their values."""
 

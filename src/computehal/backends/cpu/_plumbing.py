@@ -122,9 +122,8 @@ class CpuPlumbing(TableBackend):
     @staticmethod
     def _flat(region: Region, dtype: np.dtype[Any]) -> FloatArray:
         """``region`` as a 1-D array of ``dtype`` (``frombuffer``: half the cost of ``ndarray(buffer=)``)."""
-        flat: FloatArray = np.frombuffer(
-            region.payload, dtype, region.nbytes // dtype.itemsize, region.offset
-        )
+        allocation, offset, nbytes = region
+        flat: FloatArray = np.frombuffer(allocation.payload, dtype, nbytes // dtype.itemsize, offset)
         return flat
 
     @staticmethod
