@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from computehal import InvalidArgumentError
+from computehal import InvalidArgumentError, NotInitializedError
 from computehal.memory import ALIGNMENT, AddressSpace, Allocation, PointerTable, Region, as_count, as_pointer
 
 
@@ -144,3 +144,62 @@ def test_concurrent_insert_remove_resolve() -> None:
     for t in threads:
         t.join()
     assert not errors and len(table) == 0
+
+
+# --------------------------------------------------------------------------- leases
+
+
+def test_lease_pins_resolved_operands_and_counts_from_its_first_pin() -> None:
+    table = table_with((0x1000, 64), (0x2000, 64))
+    lease = table.lease()
+    assert not table.busy()  # nothing pinned yet: nothing to wait for
+    first = lease.resolve("a", 0x1000, 64)
+    second = lease.resolve("b", 0x2010, 16)  # an interior pointer
+    assert table.busy() and first.allocation.pins == 1 and second.allocation.pins == 1
+    assert (second.allocation.base, second.offset, second.ptr) == (0x2000, 16, 0x2010)
+    assert type(first) is Region and first == Region(first.allocation, 0, 64)
+    lease.end()
+    assert not table.busy() and first.allocation.pins == 0 and second.allocation.pins == 0
+
+
+def test_lease_resolve_checks_like_the_table() -> None:
+    table = table_with((0x1000, 256))
+    lease = table.lease()
+    with pytest.raises(InvalidArgumentError, match="not aligned to its 4-byte elements"):
+        lease.resolve("x", 0x1002, 8, align=4)
+    with pytest.raises(InvalidArgumentError, match=r"c_ptr = 0x10c8 needs 57 bytes but only 56 remain"):
+        lease.resolve("c_ptr", 0x10C8, 57)
+    with pytest.raises(InvalidArgumentError, match="does not point into any live allocation"):
+        lease.resolve("b_ptr", 0x5000, 4)
+    for bad in (0, -64, 2**64, None, 1.5, True):
+        with pytest.raises(InvalidArgumentError):
+            lease.resolve("p", bad, 0)
+    assert not table.busy()  # failed resolutions pin nothing
+    lease.end()
+
+
+def test_close_does_not_wait_for_a_lease_that_pinned_nothing() -> None:
+    """Closing from inside a validation (a hostile ``__index__``) before any pin: no wait,
+    and the lease's next resolution reports the closed backend."""
+    table = table_with((0x1000, 64))
+    shut: list[str] = []
+    lease = table.lease()
+    closer = threading.Thread(target=lambda: table.close(shutdown=lambda: shut.append("done")))
+    closer.start()
+    closer.join(5)
+    assert not closer.is_alive() and shut == ["done"]
+    with pytest.raises(NotInitializedError):
+        lease.resolve("x", 0x1000, 8)
+    lease.end()
+    with pytest.raises(NotInitializedError):
+        table.lease()
+
+
+def test_close_from_inside_a_pinned_lease_defers_the_shutdown() -> None:
+    table = table_with((0x1000, 64))
+    shut: list[str] = []
+    with table.lease() as lease:
+        lease.resolve("x", 0x1000, 8)
+        table.close(shutdown=lambda: shut.append("done"))  # same thread: must not wait
+        assert shut == []
+    assert shut == ["done"]

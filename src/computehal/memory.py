@@ -187,7 +187,9 @@ class Lease:
 
     Use as a context manager (``with table.lease() as lease: region = lease.resolve(...)``)
     or call :meth:`end` exactly once. Leases are cheap (one per call) and belong to one
-    thread; resolving an operand takes the table's lock once, and ending the lease once.
+    thread. A lease counts as a running operation (for :meth:`PointerTable.close`) from
+    its first pin: until then it has touched nothing. Each resolution takes the table's
+    lock once, and so does the end of a lease that pinned something.
     """
 
     __slots__ = ("_table", "_pinned")
@@ -197,12 +199,21 @@ class Lease:
         self._pinned: list[Allocation] = []
 
     def resolve(self, name: str, ptr: object, nbytes: int, align: int = 1) -> Region:
-        """Check and pin ``nbytes`` bytes at ``ptr``; see :meth:`PointerTable.resolve`."""
+        """Check and pin ``nbytes`` bytes at ``ptr``; see :meth:`PointerTable.resolve`.
+
+        Raises
+        ------
+        NotInitializedError
+            If the table has been closed.
+        """
         address = ptr if type(ptr) is int and 0 < ptr < ADDRESS_END else as_pointer(name, ptr)
         if address % align:
             raise _misaligned(name, address, align)
         table = self._table
+        pinned = self._pinned
         with table._lock:
+            if table._closed:
+                raise NotInitializedError()
             allocation = table._by_base.get(address)  # operands are most often base pointers
             if allocation is None:
                 allocation = table._find(address)
@@ -211,19 +222,26 @@ class Lease:
             offset = address - allocation.base
             if nbytes > allocation.size - offset:
                 raise _too_short(name, address, nbytes, allocation)
+            if not pinned:
+                table._begin()
             allocation.pins += 1
-            self._pinned.append(allocation)
+            pinned.append(allocation)
         return _region(Region, (allocation, offset, nbytes))
 
     def pin(self, allocation: Allocation) -> None:
         """Pin an allocation found otherwise (a backend's scratch, say) until the lease ends."""
         with self._table._lock:
+            if self._table._closed:
+                raise NotInitializedError()
+            if not self._pinned:
+                self._table._begin()
             allocation.pins += 1
             self._pinned.append(allocation)
 
     def end(self) -> None:
         """Unpin every operand; release those freed meanwhile (once the last lease on them ends)."""
-        self._table._end(self._pinned)
+        if self._pinned:
+            self._table._end(self._pinned)
 
     def __enter__(self) -> Lease:
         return self
@@ -234,7 +252,8 @@ class Lease:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._table._end(self._pinned)
+        if self._pinned:
+            self._table._end(self._pinned)
 
 
 #: ``Region`` without the named tuple's Python-level ``__new__`` (one per operand per call).
@@ -422,17 +441,19 @@ class PointerTable:
         NotInitializedError
             If the table has been closed (the backend was closed).
         """
-        with self._lock:
-            if self._closed:
-                raise NotInitializedError()
-            self._leases += 1
-        _THREAD.depth += 1
+        if self._closed:
+            raise NotInitializedError()
         return Lease(self)
 
+    def _begin(self) -> None:
+        # Under the lock, at a lease's first pin: one more running operation.
+        self._leases += 1
+        _THREAD.depth += 1
+
     def _end(self, pinned: list[Allocation]) -> None:
+        # A lease that pinned something ends: unpin, release what was freed meanwhile.
         due: list[Allocation] | None = None
         callbacks: Sequence[Callable[[], None]] = ()
-        _THREAD.depth -= 1
         with self._lock:
             for allocation in pinned:
                 allocation.pins -= 1
@@ -440,6 +461,7 @@ class PointerTable:
                     due = [allocation] if due is None else [*due, allocation]
             pinned.clear()
             self._leases -= 1
+            _THREAD.depth -= 1
             if self._leases == 0 and (self._waiting or self._on_idle):
                 callbacks, self._on_idle = self._on_idle, []
                 self._idle.notify_all()
@@ -449,7 +471,7 @@ class PointerTable:
             callback()
 
     def busy(self) -> bool:
-        """True while an operation holds a lease."""
+        """True while an operation holds a lease that pinned something."""
         with self._lock:
             return self._leases > 0
 

@@ -49,7 +49,7 @@ from ..errors import (
     OutOfMemoryError,
     UnsupportedError,
 )
-from ..memory import Allocation, AllocationInfo, PointerTable, Region, as_count, as_pointer
+from ..memory import Allocation, AllocationInfo, Lease, PointerTable, Region, as_count, as_pointer
 from ..types import Capabilities, TileShape
 
 __all__ = ["TableBackend", "guarded"]
@@ -91,12 +91,13 @@ def _as_dtype(name: str) -> np.dtype[Any]:
 
 
 #: The body of every generated public operation: what :func:`guarded` and ``with
-#: self._memory().lease()`` do, written out (one frame per call instead of four).
+#: self._memory().lease()`` do, written out (one frame per call instead of four). The
+#: lease counts as a running operation from its first pin (``close`` checks the table).
 _OPERATION_BODY = """\
 try:
     if not self._initialized:
         raise _NotInitializedError()
-    lease = self._table.lease()
+    lease = _Lease(self._table)
     try:
         self._dispatch({name!r}, _validate(lease, {call}))
     finally:
@@ -121,6 +122,7 @@ def _operation(op: str) -> Any:
         {
             "__name__": __name__,
             "_validate": v.VALIDATORS[op],
+            "_Lease": Lease,
             "_BackendError": BackendError,
             "_NotInitializedError": NotInitializedError,
             "_OutOfMemoryError": OutOfMemoryError,
