@@ -505,6 +505,12 @@ POOL_CASES = [
     ("avg", (7, 7), (1, 1), (0, 0, 0, 0), (1, 1), False, False),  # global pooling
     ("max", (7, 7), (1, 1), (0, 0, 0, 0), (1, 1), False, False),
     ("max", (2, 2), (1, 1), (1, 1, 1, 1), (1, 1), False, False),
+    # Column folds: more than three taps, strides above 2, dilated stride 1, one tap.
+    ("max", (2, 5), (1, 2), (0, 2, 0, 2), (1, 1), False, False),
+    ("avg", (3, 4), (2, 3), (1, 1, 1, 2), (1, 2), True, False),
+    ("max", (1, 3), (1, 1), (0, 2, 0, 2), (1, 2), False, False),
+    ("avg", (2, 1), (2, 2), (0, 0, 0, 0), (1, 1), False, True),
+    ("max", (3, 3), (2, 2), (1, 1, 1, 1), (2, 2), True, False),
 ]
 
 

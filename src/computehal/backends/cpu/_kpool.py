@@ -23,7 +23,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from ._nb import jit, jit_reassoc
+from ._nb import jit, jit_reassoc, prefetch
 
 __all__ = ["global_planes", "pool_planes", "tap_range", "tap_range_cols", "column_plan", "warm_up"]
 
@@ -82,77 +82,116 @@ def column_plan(kw: int, sw: int, pl: int, dw: int, ow: int, w: int) -> Any:
 
 
 @_inline
-def _fold_rows(xf: Any, first: int, count: int, step: int, tmp: Any, is_max: bool) -> None:
-    """``tmp`` = fmax / sum of ``count`` input rows ``first``, ``first + step``, ... (flat offsets)."""
-    w = tmp.shape[0]
+def _op(a: Any, b: Any, is_max: bool) -> Any:
+    """``b`` folded into ``a``: ``b`` if ``b > a`` else ``a`` (a NaN ``b`` is skipped), or ``a + b``."""
+    if is_max:
+        return b if b > a else a
+    return a + b
+
+
+#: Output rows ahead whose input rows are prefetched (the hardware prefetcher alone
+#: leaves the row folds waiting on memory).
+PREFETCH_ROWS = 6
+#: How far ahead global pooling prefetches its rows.
+PREFETCH_BYTES = 1 << 14
+
+
+@_inline
+def _fold_rows(
+    xf: Any, first: int, count: int, step: int, row: Any, at: int, w: int, low: Any, is_max: bool
+) -> None:
+    """``row[at : at + w]`` = fmax / sum of ``count`` input rows ``first``, ``first + step``, ...
+
+    One pass per input row (on this CPU faster than one pass reading every row at once).
+    A max starts from ``low`` (-inf in the arrays' type) and keeps the larger operand, so
+    a NaN never becomes the running value (``fmax``); a sum starts from the first row,
+    so NaN propagates.
+    """
+    dst = _U(at)
     src = _U(first)
-    start = 0
-    if not is_max:  # (a max starts from -inf: a NaN must never become the running value)
+    if is_max:
         for q in range(w):
-            tmp[q] = xf[src + _U(q)]
-        start = 1
+            v = xf[src + _U(q)]
+            row[dst + _U(q)] = v if v > low else low
     else:
         for q in range(w):
-            tmp[q] = -np.inf
-    for r in range(start, count):
+            row[dst + _U(q)] = xf[src + _U(q)]
+    for r in range(1, count):
         src = _U(first + r * step)
         if is_max:
             for q in range(w):
-                v, a = xf[src + _U(q)], tmp[q]
-                tmp[q] = v if v > a else a
+                v, a = xf[src + _U(q)], row[dst + _U(q)]
+                row[dst + _U(q)] = v if v > a else a
         else:
             for q in range(w):
-                tmp[q] += xf[src + _U(q)]
+                row[dst + _U(q)] += xf[src + _U(q)]
 
 
 @_inline
-def _fold_columns(tmp: Any, acc: Any, plan: Any, sw: int, is_max: bool) -> None:
-    """Fold the row ``tmp`` into ``acc`` through every filter column of ``plan``."""
-    for s in range(plan.shape[0]):
-        n = plan[s, 1]
-        j0 = _U(plan[s, 0])
-        src = _U(plan[s, 2])
-        if is_max:
-            if sw == 1:
-                for q in range(n):
-                    v, a = tmp[src + _U(q)], acc[j0 + _U(q)]
-                    acc[j0 + _U(q)] = v if v > a else a
-            elif sw == 2:
-                for q in range(n):
-                    v, a = tmp[src + _U(2 * q)], acc[j0 + _U(q)]
-                    acc[j0 + _U(q)] = v if v > a else a
-            else:
-                for q in range(n):
-                    v, a = tmp[src + _U(q * sw)], acc[j0 + _U(q)]
-                    acc[j0 + _U(q)] = v if v > a else a
-        elif sw == 1:
-            for q in range(n):
-                acc[j0 + _U(q)] += tmp[src + _U(q)]
-        elif sw == 2:
-            for q in range(n):
-                acc[j0 + _U(q)] += tmp[src + _U(2 * q)]
-        else:
-            for q in range(n):
-                acc[j0 + _U(q)] += tmp[src + _U(q * sw)]
-
-
-@_inline
-def _fold_windows(
-    tmp: Any, acc: Any, col_t0: Any, col_t1: Any, sw: int, pl: int, dw: int, is_max: bool
+def _hloop(
+    row: Any, sw: int, dw: int, count: int, of: Any, d: int, n: int, cc: Any, scale: Any, is_max: bool
 ) -> None:
-    """Fold the row ``tmp`` into ``acc`` window by window (few outputs, wide windows)."""
-    for j in range(acc.shape[0]):
-        t0, t1 = col_t0[j], col_t1[j]
-        src = _U(j * sw - pl + t0 * dw)
-        value = acc[j]
-        if is_max:
-            for t in range(t1 - t0):
-                v = tmp[src + _U(t * dw)]
-                value = v if v > value else value
+    """``of[d + j]`` = fmax / mean over ``s < count`` (1 to 3) of ``row[j * sw + s * dw]``, ``j < n``.
+
+    Called with literal ``sw`` and ``count``: LLVM then loads the strided taps as whole
+    vectors and shuffles them. ``row`` never holds a NaN for a max; a mean divides by
+    ``cc[j] * scale``.
+    """
+    ud = _U(d)
+    if is_max:
+        for j in range(n):
+            base = _U(j * sw)
+            m = row[base]
+            if count > 1:
+                m = _op(m, row[base + _U(dw)], True)
+            if count > 2:
+                m = _op(m, row[base + _U(2 * dw)], True)
+            of[ud + _U(j)] = m
+    else:
+        for j in range(n):
+            base = _U(j * sw)
+            m = row[base]
+            if count > 1:
+                m += row[base + _U(dw)]
+            if count > 2:
+                m += row[base + _U(2 * dw)]
+            of[ud + _U(j)] = m / (cc[j] * scale)
+
+
+@_inline
+def _fold_columns(
+    row: Any, sw: int, dw: int, kw: int, of: Any, d: int, n: int, cc: Any, scale: Any, is_max: bool
+) -> None:
+    """``of[d + j]`` = fmax / mean over the filter columns ``s`` of ``row[j * sw + s * dw]``, ``j < n``.
+
+    ``row`` is padded with the fold's identity, so every window reads inside it.
+    """
+    if kw <= 3 and sw <= 2:
+        if sw == 1:
+            if kw == 1:
+                _hloop(row, 1, dw, 1, of, d, n, cc, scale, is_max)
+            elif kw == 2:
+                _hloop(row, 1, dw, 2, of, d, n, cc, scale, is_max)
+            else:
+                _hloop(row, 1, dw, 3, of, d, n, cc, scale, is_max)
+        elif kw == 1:
+            _hloop(row, 2, dw, 1, of, d, n, cc, scale, is_max)
+        elif kw == 2:
+            _hloop(row, 2, dw, 2, of, d, n, cc, scale, is_max)
         else:
-            for t in range(t1 - t0):
-                value += tmp[src + _U(t * dw)]
-        acc[j] = value
+            _hloop(row, 2, dw, 3, of, d, n, cc, scale, is_max)
+        return
+    ud = _U(d)
+    for j in range(n):
+        start = _U(j * sw)
+        value = row[start]
+        for s in range(1, kw):
+            v = row[start + _U(s * dw)]
+            if is_max:
+                value = v if v > value else value
+            else:
+                value += v
+        of[ud + _U(j)] = value if is_max else value / (cc[j] * scale)
 
 
 @_jit
@@ -160,55 +199,60 @@ def pool_planes(x: Any, out: Any, geometry: Any, is_max: bool, include_pad: bool
     """Pool C-contiguous planes ``x`` [P, H, W] into ``out`` [P, Oh, Ow].
 
     ``geometry`` holds (kh, kw, sh, sw, pt, pl, pb, pr, dh, dw) as int64. Separable:
-    the window's input rows are folded into one row first, then its columns.
+    each output row's input rows are folded into one row, placed in a row padded with
+    the fold's identity (-inf, or 0), whose columns are then folded straight into the
+    output row.
     """
     kh, kw, sh, sw, pt, pl, pb, pr, dh, dw = geometry
     planes, h, w = x.shape
     oh, ow = out.shape[1], out.shape[2]
     xf, of = x.reshape(-1), out.reshape(-1)
-    plan = column_plan(kw, sw, pl, dw, ow, w)
-    col_t0 = np.empty(ow, dtype=np.int64)
-    col_t1 = np.empty(ow, dtype=np.int64)
-    col_count = np.empty(ow, dtype=np.float64)
+    span = max(pl + w, (ow - 1) * sw + (kw - 1) * dw + 1)
+    identity = -np.inf if is_max else 0.0
+    row = np.full(span, identity, dtype=out.dtype)
+    inner = row[pl : pl + w]
+    low = np.full(1, -np.inf, dtype=out.dtype)[0]  # -inf in the dtype (a float64 would widen the max)
+    # AVG divides by (rows counted) * (columns counted): small integers, exact in the dtype.
+    col_count = np.empty(ow, dtype=out.dtype)
     for j in range(ow):
-        col_t0[j], col_t1[j] = tap_range(j, sw, pl, dw, kw, w)
-        a0, a1 = tap_range(j, sw, 0, dw, kw, w + pl + pr) if include_pad else (col_t0[j], col_t1[j])
+        a0, a1 = tap_range(j, sw, 0 if include_pad else pl, dw, kw, w + pl + pr if include_pad else w)
         col_count[j] = a1 - a0
-    by_window = ow < kw
-    tmp = np.empty(w, dtype=out.dtype)
-    acc = np.empty(ow, dtype=out.dtype)
-    fill = -np.inf if is_max else 0.0
+    row_count = np.empty(oh, dtype=out.dtype)
+    for i in range(oh):
+        a0, a1 = tap_range(i, sh, 0 if include_pad else pt, dh, kh, h + pt + pb if include_pad else h)
+        row_count[i] = a1 - a0
     for p in range(planes):
         for i in range(oh):
             r0, r1 = tap_range(i, sh, pt, dh, kh, h)
-            for j in range(ow):
-                acc[j] = fill
+            ahead = (p * h + (i + PREFETCH_ROWS) * sh - pt) * w  # (never faults, even past the end)
+            for q in range(0, sh * w, 16):
+                prefetch(xf, ahead + q)
             if r1 > r0:
-                _fold_rows(xf, (p * h + i * sh - pt + r0 * dh) * w, r1 - r0, dh * w, tmp, is_max)
-                if by_window:
-                    _fold_windows(tmp, acc, col_t0, col_t1, sw, pl, dw, is_max)
-                else:
-                    _fold_columns(tmp, acc, plan, sw, is_max)
-            base = _U((p * oh + i) * ow)
-            if is_max:
-                for j in range(ow):
-                    of[base + _U(j)] = acc[j]
+                first = (p * h + i * sh - pt + r0 * dh) * w
+                _fold_rows(xf, first, r1 - r0, dh * w, row, pl, w, low, is_max)
             else:
-                a0, a1 = tap_range(i, sh, 0, dh, kh, h + pt + pb) if include_pad else (r0, r1)
-                rows = np.float64(a1 - a0)
-                for j in range(ow):
-                    of[base + _U(j)] = acc[j] / (rows * col_count[j])
+                inner[:] = identity
+            _fold_columns(row, sw, dw, kw, of, (p * oh + i) * ow, ow, col_count, row_count[i], is_max)
 
 
 @_reduce
 def global_planes(x: Any, out: Any, is_max: bool) -> None:
-    """Global pooling: ``out[p]`` = fmax (NaN skipped, -inf when none) or mean of row ``p`` of 2-D ``x``."""
+    """Global pooling: ``out[p]`` = fmax (NaN skipped, -inf when none) or mean of row ``p`` of 2-D ``x``.
+
+    Means are summed in float64. The rows a few ahead are prefetched (short rows give
+    the hardware prefetcher little to go on).
+    """
     rows, cols = x.shape
     xf = x.reshape(-1)
+    low = np.full(1, -np.inf, dtype=out.dtype)[0]  # -inf in the dtype (a float64 would widen the max)
+    ahead = 0
     for r in range(rows):
+        while ahead < r * cols + PREFETCH_BYTES // xf.itemsize:
+            prefetch(xf, ahead)
+            ahead += 64 // xf.itemsize
         base = _U(r * cols)
         if is_max:
-            best = -np.inf
+            best = low
             for q in range(cols):
                 v = xf[base + _U(q)]
                 best = v if v > best else best

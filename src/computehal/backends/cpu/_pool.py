@@ -74,12 +74,14 @@ class PoolOps(CpuPlumbing):
             return False
         flat, result = x.reshape(x.shape[0], -1), out.reshape(-1)
         compiled = kernels("_kpool")
+        is_max = p.op is PoolOp.MAX
 
         def run(start: int, stop: int) -> None:
+            if compiled is not None:  # (compiled code raises no floating-point warnings)
+                compiled.global_planes(flat[start:stop], result[start:stop], is_max)
+                return
             with np.errstate(all="ignore"):
-                if compiled is not None:
-                    compiled.global_planes(flat[start:stop], result[start:stop], p.op is PoolOp.MAX)
-                elif p.op is PoolOp.MAX:
+                if is_max:
                     np.fmax.reduce(flat[start:stop], axis=1, initial=-np.inf, out=result[start:stop])
                 else:
                     np.add.reduce(flat[start:stop], axis=1, out=result[start:stop])
@@ -99,13 +101,11 @@ class PoolOps(CpuPlumbing):
         is_max = p.op is PoolOp.MAX
 
         def run(start: int, stop: int) -> None:
+            if compiled is not None:
+                compiled.pool_planes(x[start:stop], out[start:stop], geometry, is_max, p.count_include_pad)
+                return
             with np.errstate(all="ignore"):
-                if compiled is not None:
-                    compiled.pool_planes(
-                        x[start:stop], out[start:stop], geometry, is_max, p.count_include_pad
-                    )
-                else:
-                    _pool_numpy(p, x[start:stop], out[start:stop])
+                _pool_numpy(p, x[start:stop], out[start:stop])
 
         per_plane = p.h * p.w + p.oh * p.ow
         parallel_ranges(planes, run, grain=max(1, PARALLEL_THRESHOLD // max(1, per_plane)))
