@@ -230,7 +230,7 @@ def test_streamed_column_softmax(shape: tuple[int, int], c_lo: int, c_hi: int, l
                 out[...] = 7.0
                 if kernel == "panel":
                     S.softmax_panel(
-                        x, out, c_lo, c_hi, log, np.empty((shape[0], w), F32), np.empty((3, w), F32), stream
+                        x, out, c_lo, c_hi, log, np.empty((shape[0], w), F32), np.empty((5, w), F32), stream
                     )
                 else:
                     S.softmax_columns(x, out, c_lo, c_hi, log, np.empty((5, w), F32), stream)
@@ -245,7 +245,7 @@ def test_streamed_column_softmax(shape: tuple[int, int], c_lo: int, c_hi: int, l
                     assert np.all(np.abs(got[finite] - ref[finite]) <= 1e-5 * (1 + np.abs(ref[finite])))
                 assert np.all(out[:, :c_lo] == 7.0) and np.all(out[:, c_hi:] == 7.0)
     same = x.copy()
-    S.softmax_panel(same, same, c_lo, c_hi, log, np.empty((shape[0], w), F32), np.empty((3, w), F32), True)
+    S.softmax_panel(same, same, c_lo, c_hi, log, np.empty((shape[0], w), F32), np.empty((5, w), F32), True)
     assert np.array_equal(np.isnan(same[:, c_lo:c_hi]), np.isnan(want[:, c_lo:c_hi]))
 
 

@@ -296,19 +296,19 @@ _U = np.uint64
 
 
 @jit
-def _panel_load(x, c0, c1, panel, peak):
-    """Copy columns ``[c0, c1)`` of every row of ``x`` into the packed ``panel``; ``peak`` = their maxima.
+def _panel_block(x, c0, c1, r0, r1, panel, peak):
+    """Copy columns ``[c0, c1)`` of rows ``[r0, r1)`` of ``x`` into ``panel``; ``peak`` = their maxima.
 
     NaN is passed over (the running value is never NaN). The row segments :data:`_AHEAD`
     rows ahead are prefetched: a segment is a few lines, too short for the hardware's
-    stream detection.
+    stream detection, and the prefetches keep memory busy while a block is computed on.
     """
     wide_vectors()
     length, width = x.shape
     w = c1 - c0
     xf, pf = x.reshape(-1), panel.reshape(-1)
     peak[:] = -_INF
-    for r in range(length):
+    for r in range(r0, r1):
         if r + _AHEAD < length:
             for j in range(0, w, 16):
                 prefetch(xf, (r + _AHEAD) * width + c0 + j)
@@ -321,25 +321,25 @@ def _panel_load(x, c0, c1, panel, peak):
 
 
 @jit
-def _panel_exps(panel, peak, total, store):
-    """``total[j] = sum(exp(panel[:, j] - peak[j]))``; with ``store`` the exponentials replace ``panel``."""
+def _block_exps(panel, r0, r1, safe, total, store):
+    """``total[j] += sum(exp(panel[r0:r1, j] - safe[j]))``; ``store``: the exponentials replace the rows."""
     wide_vectors()
-    total[:] = _ZERO
-    for r in range(panel.shape[0]):
+    for r in range(r0, r1):
         row = panel[r]
         if store:
             for j in range(row.shape[0]):
-                e = exp_fast_nan(row[j] - peak[j])
+                e = exp_fast_nan(row[j] - safe[j])
                 row[j] = e
                 total[j] += e
         else:
             for j in range(row.shape[0]):
-                total[j] += exp_fast_nan(row[j] - peak[j])
+                total[j] += exp_fast_nan(row[j] - safe[j])
 
 
 @jit
-def _panel_finish(panel, out, c0, c1, peak, factor, log, lines, tmp):
-    """``out[:, c0:c1]`` = the results from the exponentials (or, ``log``, the inputs) in ``panel``.
+def _panel_finish(panel, out, c0, c1, shift, factor, log, lines, tmp):
+    """``out[:, c0:c1]`` from ``panel``: ``(panel - shift) - factor[0]`` (``log``) or
+    ``panel * factor[b]``, ``b`` the row's block of :data:`BLOCK_ROWS`.
 
     Each row is finished into ``tmp`` (float32, ``c1 - c0``, in L1) and written out; with
     ``lines`` (every row's ``out[r, c0]`` 64-byte aligned) whole lines are streamed.
@@ -351,12 +351,13 @@ def _panel_finish(panel, out, c0, c1, peak, factor, log, lines, tmp):
     body = w // 16 * 16 if lines else 0
     for r in range(panel.shape[0]):
         row = panel[r]
+        f = factor[0] if log else factor[r // BLOCK_ROWS]
         if log:
             for j in range(w):
-                tmp[j] = (row[j] - peak[j]) - factor[j]
+                tmp[j] = (row[j] - shift[j]) - f[j]
         else:
             for j in range(w):
-                tmp[j] = row[j] * factor[j]
+                tmp[j] = row[j] * f[j]
         at = r * width + c0
         for j in range(0, body, 16):
             stream_copy(tmp, j, of, at + j)
@@ -369,24 +370,54 @@ def _panel_finish(panel, out, c0, c1, peak, factor, log, lines, tmp):
 def softmax_panel(x, out, c0, c1, log, panel, work, stream):
     """(Log-)softmax along axis 0 of columns ``[c0, c1)`` of C-contiguous ``[length, width]`` float32.
 
-    One read and one write of memory: the columns of every row are copied into the
-    packed ``panel`` (float32 [length, c1 - c0], sized to stay in L2, where the rows'
-    own stride could map them onto a few cache sets) while their maxima are taken; the
-    exponentials and their sums are computed in the panel, and each row's results are
-    written out (with ``stream``, whole lines streamed where the rows are 64-byte
-    aligned). ``work`` is float32 scratch of [3, c1 - c0]; ``out`` may be ``x``. NaN
-    semantics are the three-pass definition's: a column holding NaN or +inf, or only
-    -inf, becomes NaN (its sum or ``x - max`` is NaN); -inf entries give 0 (log: -inf).
+    One read and one write of memory, one exponential per element. Blocks of
+    :data:`BLOCK_ROWS` rows are copied into the packed ``panel`` (float32
+    [length, c1 - c0], sized to stay in cache, where the rows' own stride could map them
+    onto a few cache sets) and folded into running column maxima and sums of
+    exponentials (online softmax, as :func:`softmax_columns`) while the next rows are
+    prefetched; softmax keeps each block's exponentials, relative to the running
+    maximum of its time, in the panel. The results are then written out (with
+    ``stream``, whole lines streamed where the rows are 64-byte aligned): each block's
+    exponentials times ``exp(its maximum - the final one) / sum``, or for log-softmax
+    ``x - max - log(sum)``. ``work`` is float32 scratch of [5, c1 - c0]; ``out`` may be
+    ``x``. NaN semantics are the three-pass definition's: a column holding NaN or +inf,
+    or only -inf, becomes NaN; -inf entries give 0 (log-softmax: -inf).
     """
     wide_vectors()
+    length = x.shape[0]
     w = c1 - c0
-    peak, total, tmp = work[0, :w], work[1, :w], work[2, :w]
-    _panel_load(x, c0, c1, panel, peak)
-    _panel_exps(panel, peak, total, not log)
+    best, block, total, safe, tmp = work[0, :w], work[1, :w], work[2, :w], work[3, :w], work[4, :w]
+    blocks = (length + BLOCK_ROWS - 1) // BLOCK_ROWS
+    # Per block: the running maximum its exponentials were taken against (softmax only).
+    shifts = np.empty((blocks if not log else 0, w), dtype=_F)
+    starts = np.empty((blocks if not log else 0, w), dtype=_F)
+    best[:] = -_INF
+    total[:] = _ZERO
+    for b in range(blocks):
+        r0 = b * BLOCK_ROWS
+        r1 = min(length, r0 + BLOCK_ROWS)
+        _panel_block(x, c0, c1, r0, r1, panel, block)
+        _rescale(best, block, total, safe)
+        _block_exps(panel, r0, r1, safe, total, not log)
+        if not log:
+            shifts[b] = safe
+            starts[b] = best
+    factor = np.empty((1 if log else blocks, w), dtype=_F)
     for j in range(w):
-        total[j] = _F(np.log(total[j])) if log else _ONE / total[j]
+        # +inf or NaN in the column makes its sum NaN already; only -inf columns remain.
+        ok = best[j] > -_INF
+        if log:
+            factor[0, j] = _F(np.log(total[j])) if ok else _NAN
+        else:
+            tmp[j] = _ONE / total[j] if ok else _NAN
+    if not log:
+        for b in range(blocks):
+            for j in range(w):
+                # A block seen while its column held only -inf has exponentials 0 (or NaN).
+                scale = exp_fast_nan(shifts[b, j] - safe[j]) if starts[b, j] > -_INF else _ZERO
+                factor[b, j] = scale * tmp[j]
     lines = stream and (out.ctypes.data + 4 * c0) % 64 == 0 and (4 * out.shape[1]) % 64 == 0
-    _panel_finish(panel, out, c0, c1, peak, total, log, lines, tmp)
+    _panel_finish(panel, out, c0, c1, safe, factor, log, lines, tmp)
     if lines:
         store_fence()
 

@@ -28,8 +28,8 @@ MIN_ELEMENTS = 1 << 12
 MIN_COLUMNS = 64
 #: Outputs from this many bytes on are written with non-temporal stores (far beyond L2).
 STREAM_BYTES = 8 << 20
-#: Bytes of one column panel of the one-pass strided-axis kernel (about an L2).
-PANEL_BYTES = 2 << 20
+#: Bytes of one column panel of the one-pass strided-axis kernel (three quarters of a 2 MiB L2).
+PANEL_BYTES = 3 << 19
 #: Narrowest panel: 64 bytes (a line) of each row.
 MIN_PANEL = 16
 
@@ -62,7 +62,7 @@ def fast_softmax(p: v.AxisProblem, x: FloatArray, out: FloatArray) -> bool:
 
         def run_tiles(start: int, stop: int) -> None:
             panel = thread_scratch("softmax-panel", p.length * width)
-            work = thread_scratch("softmax-panel-work", 3 * width)[: 3 * width].reshape(3, width)
+            work = thread_scratch("softmax-panel-work", 5 * width)[: 5 * width].reshape(5, width)
             for o, c0, c1 in tiles[start:stop]:
                 packed = panel[: p.length * (c1 - c0)].reshape(p.length, c1 - c0)
                 kern.softmax_panel(x[o], out[o], c0, c1, p.log, packed, work, stream)
