@@ -102,21 +102,32 @@ def _fold_rows(
 ) -> None:
     """``row[at : at + w]`` = fmax / sum of ``count`` input rows ``first``, ``first + step``, ...
 
-    One pass per input row (on this CPU faster than one pass reading every row at once).
+    The first two rows in one pass, then one pass per row (on this CPU faster than one
+    pass reading every row at once).
     A max starts from ``low`` (-inf in the arrays' type) and keeps the larger operand, so
     a NaN never becomes the running value (``fmax``); a sum starts from the first row,
     so NaN propagates.
     """
     dst = _U(at)
     src = _U(first)
-    if is_max:
+    nxt = _U(first + step)
+    begin = min(count, 2)
+    if is_max and count >= 2:
+        for q in range(w):
+            v, u = xf[src + _U(q)], xf[nxt + _U(q)]
+            m = v if v > low else low
+            row[dst + _U(q)] = u if u > m else m
+    elif is_max:
         for q in range(w):
             v = xf[src + _U(q)]
             row[dst + _U(q)] = v if v > low else low
+    elif count >= 2:
+        for q in range(w):
+            row[dst + _U(q)] = xf[src + _U(q)] + xf[nxt + _U(q)]
     else:
         for q in range(w):
             row[dst + _U(q)] = xf[src + _U(q)]
-    for r in range(1, count):
+    for r in range(begin, count):
         src = _U(first + r * step)
         if is_max:
             for q in range(w):
