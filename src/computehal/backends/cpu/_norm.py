@@ -67,12 +67,14 @@ class NormOps(CpuPlumbing):
         stream = out.nbytes >= STREAM_BYTES
 
         def run(start: int, stop: int) -> None:
+            if compiled is not None and f32:
+                # One call per thread: the kernel keeps each row in cache itself.
+                compiled.norm_rows_f32(x[start:stop], out[start:stop], factor, shift, p.eps, p.rms, stream)
+                return
             with np.errstate(all="ignore"):
                 for lo in range(start, stop, block):
                     hi = min(stop, lo + block)
-                    if compiled is not None and f32:
-                        compiled.norm_rows_f32(x[lo:hi], out[lo:hi], factor, shift, p.eps, p.rms, stream)
-                    elif compiled is not None:
+                    if compiled is not None:
                         compiled.norm_rows(x[lo:hi], out[lo:hi], factor, shift, p.eps, p.rms)
                     else:
                         _norm_rows_numpy(x[lo:hi], out[lo:hi], scale, bias, p.eps, p.rms)
