@@ -24,9 +24,11 @@ from .ops_elementwise import emit_binary
 
 
 def _heads_first(lw: Lowerer, x: DeviceTensor, heads: int, label: str) -> DeviceTensor:
-    """[batch, seq, heads * size] -> a [batch, heads, seq, size] copy."""
+    """[batch, seq, heads * size] -> [batch, heads, seq, size]: a copy (a view for one position or head)."""
     b, s, hidden = x.shape
     size = hidden // heads
+    if s == 1 or heads == 1:
+        return x.view((b, heads, s, size))  # the same bytes in either order
     out = lw.scratch((b, heads, s, size), x.dtype, label)
     src = contiguous_strides((b, s, heads, size))
     lw.copy(out, x, (b, heads, s, size), (src[0], src[2], src[1], src[3]))
@@ -204,8 +206,9 @@ def attention(lw: Lowerer) -> None:
         _widen(lw, values, width, "v_wide"),
     )
     y = lw.output(0)
-    direct = len(q_shape) == 4 and width == v_size
-    o = y if direct else lw.scratch((batch, heads, sq, width), q.dtype, "o")
+    # [batch, seq, heads * size] is [batch, heads, seq, size] when there is one query or one head.
+    direct = width == v_size and (len(q_shape) == 4 or sq == 1 or heads == 1)
+    o = y.view((batch, heads, sq, width)) if direct else lw.scratch((batch, heads, sq, width), q.dtype, "o")
     kwargs: dict[str, Any] = {"dtype": q.dt}
     if mask is not None:
         kwargs["mask_ptr"] = mask
