@@ -16,7 +16,7 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from computehal.onnx import InferenceSession  # noqa: E402
-from computehal.onnx._fuse import MATMUL_ADD  # noqa: E402
+from computehal.onnx._fuse import MATMUL_ADD, PACKED_ATTENTION  # noqa: E402
 
 F = TensorProto.FLOAT
 RNG = np.random.default_rng(7)
@@ -181,6 +181,29 @@ def test_mask_that_broadcasts_over_the_keys_is_not_fused() -> None:
     assert "Attention" not in ops and "Softmax" in ops
     want = _attention_reference(feeds["q"], feeds["k"], feeds["v"], feeds["mask"], 1.0 / math.sqrt(D))
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_projections_of_one_input_are_one_gemm_read_by_packed_attention(bias: bool) -> None:
+    base = _attention_model("Div", "after", [B, 1, 1, S])
+    nodes, inits = [], {}
+    for t in "qkv":
+        inits[f"w{t}"] = RNG.standard_normal((HIDDEN, HIDDEN)).astype(np.float32)
+        nodes.append(_n("MatMul", ["x", f"w{t}"], f"{t}_mm" if bias else t))
+        if bias:
+            inits[f"b{t}"] = RNG.standard_normal(HIDDEN).astype(np.float32)
+            nodes.append(_n("Add", [f"{t}_mm", f"b{t}"], t))
+    inits.update({i.name: numpy_helper.to_array(i) for i in base.graph.initializer})
+    shapes = (("x", [B, S, HIDDEN]), ("mask", [B, 1, 1, S]))
+    inputs = [helper.make_tensor_value_info(n, F, s) for n, s in shapes]
+    model = _model(nodes + list(base.graph.node), inputs, ["y"], inits)
+    x = RNG.standard_normal((B, S, HIDDEN)).astype(np.float32)
+    mask = np.where(RNG.random((B, 1, 1, S)) < 0.3, -1e4, 0.0).astype(np.float32)
+    (y,), ops = _run(model, {"x": x, "mask": mask})
+    assert ops == [MATMUL_ADD, PACKED_ATTENTION]
+    qkv = [x.astype(np.float64) @ inits[f"w{t}"] + (inits[f"b{t}"] if bias else 0.0) for t in "qkv"]
+    want = _attention_reference(*qkv, mask, 1.0 / math.sqrt(D))
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
 
 
 # --------------------------------------------------------------------------- MatMul + Add

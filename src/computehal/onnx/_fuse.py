@@ -10,7 +10,9 @@ Run on a specialised graph (every shape known) before its nodes are placed:
   node (3-D form: the interface's attention, no [heads, seq, seq] score tensor);
 * ``MatMul(x, W)`` with a constant matrix, followed by ``Add`` of a bias vector and / or
   of a residual of the output's shape, becomes one :data:`MATMUL_ADD` node, lowered as
-  GEMMs that accumulate into an output already holding the residual and the bias.
+  GEMMs that accumulate into an output already holding the residual and the bias;
+* the three projections of one input feeding a self-attention become one GEMM with the
+  weights joined, read by a :data:`PACKED_ATTENTION` node (one head-split copy, not three).
 
 Only values read by nothing outside the subgraph (and not graph outputs) disappear. A
 fused node is kept only when ``accept`` says the chosen backend runs it; otherwise the
@@ -30,10 +32,12 @@ from onnx import helper
 from ._ir import Graph, Node, is_float
 from ._shapes import Specialized
 
-__all__ = ["MATMUL_ADD", "fuse"]
+__all__ = ["MATMUL_ADD", "PACKED_ATTENTION", "fuse"]
 
 #: The op type of a fused ``MatMul`` + bias / residual ``Add`` (inputs x, W, bias or "", residual or "").
 MATMUL_ADD = "computehal.MatMulAdd"
+#: ``Attention`` (3-D, self-attention) reading Q, K and V from one packed [.., 3 * hidden] input 0.
+PACKED_ATTENTION = "computehal.PackedAttention"
 
 
 class _View:
@@ -304,31 +308,93 @@ def _matmul_add(v: _View, mm: Node) -> tuple[Node, list[Node]] | None:
     return _make(MATMUL_ADD, last.name, [mm.inputs[0], mm.inputs[1], bias, residual], value), nodes
 
 
+# --------------------------------------------------------------------------- packed Q/K/V
+
+
+def _packed_qkv(v: _View, attn: Node) -> tuple[list[Node], list[Node]] | None:
+    """A 3-D self-``Attention`` whose Q, K and V are products of one input with constants: one GEMM.
+
+    The three weight matrices (and biases, zeros where one has none) are joined along
+    their columns into new constants; the product [.., 3 * hidden] feeds a :data:`PACKED_ATTENTION` node.
+    """
+    if attn.op != "Attention" or attn.domain != "" or len(attn.inputs) > 4 or len(attn.outputs) != 1:
+        return None
+    heads = attn.attr("q_num_heads")
+    if heads is None or attn.attr("kv_num_heads") != heads or attn.attr("is_causal", 0):
+        return None
+    projections = [_projection(v, name) for name in attn.inputs[:3]]
+    if any(p is None for p in projections):
+        return None
+    found = [p for p in projections if p is not None]
+    x = found[0][0].inputs[0]
+    weights = [w for _, w, _ in found]
+    if any(node.inputs[0] != x or w.shape != weights[0].shape for node, w, _ in found):
+        return None
+    x_shape, dtype = v.shape(x), v.dtype(attn.inputs[0])
+    if x_shape is None or dtype is None or any(w.dtype != dtype for w in weights):
+        return None
+    packed = f"{attn.name}__qkv"
+    n = weights[0].shape[1]
+    has_bias = any(b is not None for _, _, b in found)
+    names = [x, f"{packed}_w", f"{packed}_b" if has_bias else "", ""]
+    v.g.consts[names[1]] = np.concatenate(weights, axis=1)
+    if has_bias:
+        zero = np.zeros(n, dtype=dtype)
+        v.g.consts[names[2]] = np.concatenate([zero if b is None else b.reshape(-1) for _, _, b in found])
+    v.spec.shapes[packed] = x_shape[:-1] + (3 * n,)
+    v.spec.dtypes[packed] = dtype
+    product = _make(MATMUL_ADD, f"{attn.name}__qkv_proj", names, packed)
+    scale = attn.attr("scale")
+    extra = {} if scale is None else {"scale": float(scale)}
+    fused = _make(
+        PACKED_ATTENTION, attn.name, [packed, "", "", *attn.inputs[3:]], attn.outputs[0],
+        q_num_heads=int(heads), kv_num_heads=int(heads), **extra,
+    )  # fmt: skip
+    return [product, fused], [node for node, _, _ in found] + [attn]
+
+
+def _projection(v: _View, name: str) -> tuple[Node, np.ndarray, np.ndarray | None] | None:
+    """``name`` = x @ W (+ bias) with constants, read only by the attention: (node, W, bias)."""
+    node = v.producer.get(name)
+    if node is None or not v.private(name) or node.op not in ("MatMul", MATMUL_ADD):
+        return None
+    w = v.const(node.inputs[1])
+    if w is None or w.ndim != 2:
+        return None
+    if node.op == "MatMul":
+        return node, w, None
+    if node.inputs[3]:
+        return None
+    return node, w, v.const(node.inputs[2]) if node.inputs[2] else None
+
+
 # --------------------------------------------------------------------------- driver
 
-_RULES = (_attention, _gelu, _matmul_add)
+Rule = Callable[[_View, Node], "tuple[Node | list[Node], list[Node]] | None"]
+_RULES: tuple[Rule, ...] = (_attention, _gelu, _matmul_add, _packed_qkv)
 
 
 def fuse(spec: Specialized, accept: Callable[[Node], bool]) -> int:
-    """Replace every matching subgraph of ``spec.graph`` by its fused node; return how many."""
+    """Replace every matching subgraph of ``spec.graph`` by its fused node(s); return how many."""
     count = 0
     for rule in _RULES:
         view = _View(spec)
         removed: set[int] = set()
-        at_last: dict[int, Node] = {}
+        at_last: dict[int, list[Node]] = {}
         for node in list(view.g.nodes):
             if id(node) in removed:
                 continue
             found = rule(view, node)
             if found is None:
                 continue
-            fused, members = found
-            if any(id(m) in removed for m in members) or not accept(fused):
+            made, members = found
+            fused = made if isinstance(made, list) else [made]
+            if any(id(m) in removed for m in members) or not all(accept(f) for f in fused):
                 continue
             removed.update(id(m) for m in members)
-            at_last[id(view.producer[fused.outputs[0]])] = fused
+            at_last[id(view.producer[fused[-1].outputs[0]])] = fused
             count += 1
         if removed:
             kept = [n for n in view.g.nodes if id(n) not in removed or id(n) in at_last]
-            view.g.nodes = [at_last.get(id(n), n) for n in kept]
+            view.g.nodes = [f for n in kept for f in at_last.get(id(n), [n])]
     return count

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ._fuse import PACKED_ATTENTION
 from ._ir import is_float
 from ._lowering import Lowerer, Unmappable, lowers
 from ._tensors import DeviceTensor, contiguous_strides
@@ -158,7 +159,18 @@ def _padded_mask(lw: Lowerer, mask: DeviceTensor, skv: int) -> DeviceTensor:
     return out
 
 
-@lowers("Attention")
+def _unpack_heads(lw: Lowerer, qkv: DeviceTensor, heads: int) -> list[DeviceTensor]:
+    """[batch, seq, 3 * heads * size] -> Q, K, V as [batch, heads, seq, size], one copy for all three."""
+    b, s, packed = qkv.shape
+    size = packed // (3 * heads)
+    out = lw.scratch((3, b, heads, s, size), qkv.dtype, "qkv")
+    src = contiguous_strides((b, s, 3, heads, size))
+    lw.copy(out, qkv, (3, b, heads, s, size), (src[2], src[0], src[3], src[1], src[4]))
+    one = b * heads * s * size
+    return [out.view((b, heads, s, size), i * one) for i in range(3)]
+
+
+@lowers("Attention", PACKED_ATTENTION)
 def attention(lw: Lowerer) -> None:
     if float(lw.attr("softcap", 0.0)) != 0.0:
         raise Unmappable("Attention softcap")
@@ -167,13 +179,17 @@ def attention(lw: Lowerer) -> None:
     if lw.has(4) != lw.has(5):
         raise Unmappable("past_key without past_value")
     q_shape = lw.shape(0)
-    q, k, v = lw.tensor(0), lw.tensor(1), lw.tensor(2)
-    if len(q_shape) == 3:
+    if lw.node.op == PACKED_ATTENTION:
+        q, k, v = _unpack_heads(lw, lw.tensor(0), int(lw.attr("q_num_heads")))
+        q_shape = q_shape[:-1] + (q_shape[-1] // 3,)
+    elif len(q_shape) == 3:
         heads, kv_heads = int(lw.attr("q_num_heads")), int(lw.attr("kv_num_heads"))
-        q = _heads_first(lw, q, heads, "q")
-        k = _heads_first(lw, k, kv_heads, "k")
-        v = _heads_first(lw, v, kv_heads, "v")
-    elif len(q_shape) != 4:
+        q = _heads_first(lw, lw.tensor(0), heads, "q")
+        k = _heads_first(lw, lw.tensor(1), kv_heads, "k")
+        v = _heads_first(lw, lw.tensor(2), kv_heads, "v")
+    elif len(q_shape) == 4:
+        q, k, v = lw.tensor(0), lw.tensor(1), lw.tensor(2)
+    else:
         raise Unmappable(f"Attention on rank-{len(q_shape)} inputs")
     batch, heads, sq, size = q.shape
     kv_heads, v_size = k.shape[1], v.shape[3]
