@@ -1,18 +1,6 @@
 // Element-wise kernels: unary and binary ops over n float32 values.
-// The functions applied are in wgpu_elementwise_ops.wgsl.
+// The functions applied are in wgpu_elementwise_ops.wgsl, Params in wgpu_elementwise_params.wgsl.
 
-struct Params {
-    n: u32,
-    a_off: u32,
-    b_off: u32,
-    o_off: u32,
-    op: u32,
-    alpha: f32,
-    lo: f32,
-    hi: f32,
-}
-
-@group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read_write> A: array<f32>;
 @group(0) @binding(2) var<storage, read_write> B: array<f32>;
 @group(0) @binding(3) var<storage, read_write> O: array<f32>;

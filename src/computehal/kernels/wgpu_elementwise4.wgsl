@@ -1,20 +1,9 @@
 // Element-wise kernels over vec4 views: each invocation handles four consecutive floats.
 // Used when every operand's element offset is a multiple of 4 (the host runs the tail
 // of n % 4 elements with the scalar kernels). The functions are in
-// wgpu_elementwise_ops.wgsl; offsets and n here count vec4 elements.
+// wgpu_elementwise_ops.wgsl, Params in wgpu_elementwise_params.wgsl; offsets and n here
+// count vec4 elements.
 
-struct Params {
-    n: u32,
-    a_off: u32,
-    b_off: u32,
-    o_off: u32,
-    op: u32,
-    alpha: f32,
-    lo: f32,
-    hi: f32,
-}
-
-@group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read_write> A: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> B: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> O: array<vec4<f32>>;

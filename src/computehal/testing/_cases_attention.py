@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -12,7 +11,17 @@ import numpy.typing as npt
 
 from ..backend import ComputeBackend
 from . import reference as ref
-from ._common import Case, assert_close, call_or_refuse, dtype_cases, eps_of, rng_for, storage_tol, tiny_of
+from ._common import (
+    Case,
+    assert_close,
+    call_or_refuse,
+    config_cases,
+    dtype_cases,
+    eps_of,
+    rng_for,
+    storage_tol,
+    tiny_of,
+)
 from .reference import storage
 from .workspace import Workspace
 
@@ -167,12 +176,7 @@ def _attention_value(be: ComputeBackend, *, label: str, cfg: AttentionConfig, sp
 
 def attention_cases() -> list[Case]:
     """Every attention value case."""
-    cases = [
-        Case("attention", name, functools.partial(_attention_value, label=f"attn-{name}", cfg=cfg))
-        for name, cfg in CONFIGS.items()
-    ]
-    for name in DTYPE_CONFIGS:
-        cases += dtype_cases("attention", name, _attention_value, CONFIGS[name], label=name)
+    cases = config_cases("attention", _attention_value, CONFIGS, DTYPE_CONFIGS, "attn")
     nan_cfg = AttentionConfig(1, 2, 6, 9, 5, True, kv_heads=1, mask=(1, 2, 6, 9))
     cases += dtype_cases(
         "attention", "nan-inf-mask", _attention_value, nan_cfg, label="attn-nan", specials="mask"

@@ -16,7 +16,7 @@ from ._common import (
     Case,
     assert_close,
     call_or_refuse,
-    dtype_cases,
+    config_cases,
     eps_of,
     rng_for,
     storage_tol,
@@ -135,12 +135,7 @@ def _pool_value(be: ComputeBackend, *, label: str, cfg: PoolConfig, nan: bool = 
 
 def pool_cases() -> list[Case]:
     """Every pooling value case."""
-    cases = [
-        Case("pool2d", name, functools.partial(_pool_value, label=f"pool-{name}", cfg=cfg))
-        for name, cfg in POOL_CONFIGS.items()
-    ]
-    for name in DTYPE_CONFIGS:
-        cases += dtype_cases("pool2d", name, _pool_value, POOL_CONFIGS[name], label=name)
+    cases = config_cases("pool2d", _pool_value, POOL_CONFIGS, DTYPE_CONFIGS, "pool")
     for op in ("max", "avg"):
         for dt in DTYPES:
             cfg = PoolConfig(op, (2, 2, 6, 7), (2, 3), (2, 2), (1, 1, 0, 1), dtype=dt)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -35,6 +35,7 @@ __all__ = [
     "assert_bits_equal",
     "call_or_refuse",
     "colmajor",
+    "config_cases",
     "dtype_cases",
     "eps_of",
     "note_refused",
@@ -186,6 +187,17 @@ def dtype_cases(op: str, stem: str, run: Callable[..., float], cfg: Any, /, **ke
     return [
         value_case(op, f"{stem}-{SHORT[dt]}", run, cfg=replace(cfg, dtype=dt), **keywords) for dt in DTYPES
     ]
+
+
+def config_cases(
+    op: str, run: Callable[..., float], configs: dict[str, Any], typed: Sequence[str], prefix: str
+) -> list[Case]:
+    """One case per named config (label ``<prefix>-<name>``), then the configs named in
+    ``typed`` once per storage dtype (:func:`dtype_cases`, label ``<name>``)."""
+    cases = [value_case(op, name, run, label=f"{prefix}-{name}", cfg=cfg) for name, cfg in configs.items()]
+    for name in typed:
+        cases += dtype_cases(op, name, run, configs[name], label=name)
+    return cases
 
 
 def rng_for(label: str) -> np.random.Generator:

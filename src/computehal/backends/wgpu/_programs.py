@@ -18,8 +18,8 @@ from ._adapter import check, wgpu_module
 __all__ = ["KERNELS", "Programs", "module_source"]
 
 _OPS = "wgpu_math.wgsl+wgpu_elementwise_ops.wgsl"
-_ELEMENTWISE = _OPS + "+wgpu_elementwise.wgsl"
-_ELEMENTWISE4 = _OPS + "+wgpu_elementwise4.wgsl"
+_ELEMENTWISE = _OPS + "+wgpu_elementwise_params.wgsl+wgpu_elementwise.wgsl"
+_ELEMENTWISE4 = _OPS + "+wgpu_elementwise_params.wgsl+wgpu_elementwise4.wgsl"
 
 #: Kernel entry point -> (WGSL files joined by "+", storage buffers bound after the uniform).
 KERNELS: dict[str, tuple[str, int]] = {
