@@ -1,11 +1,12 @@
 // broadcast_binary: out = op(a, b) with NumPy broadcasting over up to 6 dimensions. The
 // output is contiguous; a and b are read through element strides that are 0 along
-// their broadcast dimensions. The functions are in wgpu_elementwise_ops.wgsl.
+// their broadcast dimensions. The functions are in wgpu_elementwise_ops.wgsl, the index
+// walk in wgpu_strided_index.wgsl.
 
 struct Params {
     shape: array<vec4<u32>, 2>, // output extents, innermost last
-    a_strides: array<vec4<u32>, 2>,
-    b_strides: array<vec4<u32>, 2>,
+    strides0: array<vec4<i32>, 2>, // a's element strides (0 along broadcast dimensions)
+    strides1: array<vec4<i32>, 2>, // b's
     total: u32,
     a_off: u32,
     b_off: u32,
@@ -31,15 +32,6 @@ fn broadcast_binary(
     if (t >= P.total) {
         return;
     }
-    var rest = t;
-    var ia = P.a_off;
-    var ib = P.b_off;
-    for (var d = i32(P.ndim) - 1; d >= 0; d--) {
-        let extent = P.shape[d / 4][d % 4];
-        let i = rest % extent;
-        rest /= extent;
-        ia += i * P.a_strides[d / 4][d % 4];
-        ib += i * P.b_strides[d / 4][d % 4];
-    }
-    O[P.o_off + t] = apply_binary(P.op, A[ia], B[ib]);
+    let at = strided_offsets(t, vec2<i32>(i32(P.a_off), i32(P.b_off)));
+    O[P.o_off + t] = apply_binary(P.op, A[u32(at.x)], B[u32(at.y)]);
 }

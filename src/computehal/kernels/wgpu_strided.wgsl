@@ -2,12 +2,12 @@
 // with signed element strides on both sides (a zero source stride broadcasts). A bit
 // copy of 32-bit elements: NaN payloads survive. One invocation per element; the
 // destination strides map distinct indices to distinct elements (validated), so no two
-// invocations write the same word.
+// invocations write the same word. The index walk is in wgpu_strided_index.wgsl.
 
 struct Params {
     shape: array<vec4<u32>, 2>,       // extents, innermost last, padded with 1
-    src_strides: array<vec4<i32>, 2>, // element strides (0 for extent-1 dimensions)
-    dst_strides: array<vec4<i32>, 2>,
+    strides0: array<vec4<i32>, 2>, // source element strides (0 for extent-1 dimensions)
+    strides1: array<vec4<i32>, 2>, // destination element strides
     total: u32,
     src_off: u32, // element offset of index [0, ..., 0] inside S
     dst_off: u32,
@@ -30,15 +30,6 @@ fn copy_strided(
     if (t >= P.total) {
         return;
     }
-    var rest = t;
-    var src = i32(P.src_off);
-    var dst = i32(P.dst_off);
-    for (var d = i32(P.ndim) - 1; d >= 0; d--) {
-        let extent = P.shape[d / 4][d % 4];
-        let i = i32(rest % extent);
-        rest /= extent;
-        src += i * P.src_strides[d / 4][d % 4];
-        dst += i * P.dst_strides[d / 4][d % 4];
-    }
-    D[u32(dst)] = S[u32(src)];
+    let at = strided_offsets(t, vec2<i32>(i32(P.src_off), i32(P.dst_off)));
+    D[u32(at.y)] = S[u32(at.x)];
 }
