@@ -146,13 +146,19 @@ KERNEL void softmax_cols(GLOBAL const REAL* x, i64 xo, GLOBAL REAL* y, i64 yo, i
  * outer * ceil(inner / 16). */
 #define REALV CHAL_CAT(REAL, 16)
 
+/* The block of work-item g: slice o and first column c0; 0 when g is past the last block. */
+DEVICE int chal_block16(i64 g, i64 outer, i64 inner, i64* o, i64* c0) {
+    i64 blocks = (inner + 15) / 16;
+    if (g >= outer * blocks) return 0;
+    *o = g / blocks;
+    *c0 = (g - *o * blocks) * 16;
+    return 1;
+}
+
 KERNEL void reduce_cols16(GLOBAL const REAL* x, i64 xo, GLOBAL REAL* y, i64 yo, i64 outer, i64 length,
                           i64 inner, int op) {
-    i64 blocks = (inner + 15) / 16;
-    i64 g = GID(0);
-    if (g >= outer * blocks) return;
-    i64 o = g / blocks;
-    i64 c0 = (g - o * blocks) * 16;
+    i64 o, c0;
+    if (!chal_block16(GID(0), outer, inner, &o, &c0)) return;
     GLOBAL const REAL* src = x + xo + o * length * inner + c0;
     GLOBAL REAL* dst = y + yo + o * inner + c0;
     if (c0 + 16 > inner) {
@@ -177,11 +183,8 @@ KERNEL void reduce_cols16(GLOBAL const REAL* x, i64 xo, GLOBAL REAL* y, i64 yo, 
 
 KERNEL void softmax_cols16(GLOBAL const REAL* x, i64 xo, GLOBAL REAL* y, i64 yo, i64 outer, i64 length,
                            i64 inner, int log_) {
-    i64 blocks = (inner + 15) / 16;
-    i64 g = GID(0);
-    if (g >= outer * blocks) return;
-    i64 o = g / blocks;
-    i64 c0 = (g - o * blocks) * 16;
+    i64 o, c0;
+    if (!chal_block16(GID(0), outer, inner, &o, &c0)) return;
     GLOBAL const REAL* src = x + xo + o * length * inner + c0;
     GLOBAL REAL* dst = y + yo + o * length * inner + c0;
     if (c0 + 16 > inner) {
