@@ -125,6 +125,19 @@ def test_intermediate_memory_is_reused_by_lifetime(cpu: Any) -> None:
     assert memory.arena_bytes == 2 * 64 * 64 * 4 < memory.naive_bytes
 
 
+def test_a_few_long_runs_are_copied_run_by_run(cpu: Any) -> None:
+    # Concat along the last axis: three rows of 80 kB from a, three short rows from b.
+    nodes = [helper.make_node("Concat", ["a", "b"], ["y"], axis=1)]
+    m = model(nodes, [vi("a", F, [3, 20000]), vi("b", F, [3, 7])], [vi("y", F, [3, 20007])])
+    session = InferenceSession(m, backend=cpu)
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((3, 20000)).astype(np.float32), rng.standard_normal((3, 7)).astype(np.float32)
+    (y,) = session.run(None, {"a": a, "b": b})
+    np.testing.assert_array_equal(y, np.concatenate([a, b], axis=1))
+    (node,) = session.plan().nodes
+    assert node.calls == ("copy_dtod",) * 3 + ("copy_strided",)
+
+
 def test_shape_arithmetic_is_folded_into_views(cpu: Any) -> None:
     """Shape -> Gather -> Concat -> Reshape: folded once the input shape is known; no host node."""
     nodes = [

@@ -27,6 +27,9 @@ __all__ = ["LOWERINGS", "Lowerer", "LoweringContext", "Unmappable", "lowers"]
 
 #: Most dimensions copy_strided / broadcast_binary take.
 MAX_DIMS = 6
+#: A strided copy of at most this many contiguous runs of at least _LONG_ROW bytes is one copy_dtod per run.
+_FEW_ROWS = 32
+_LONG_ROW = 64 << 10
 
 Lowering = Callable[["Lowerer"], None]
 #: op type -> lowering function (filled by the ``ops_*`` modules).
@@ -244,8 +247,9 @@ class Lowerer:
     ) -> None:
         """``dst[idx] = src[idx]`` over ``shape`` with element strides (one or a few calls).
 
-        Contiguous runs become ``copy_dtod``; anything else ``copy_strided`` (split over
-        the leading dimension when more than six dimensions remain after merging).
+        Contiguous runs become ``copy_dtod`` (one call, or one per run for a few long runs);
+        anything else ``copy_strided`` (split over the leading dimension when more than six
+        dimensions remain after merging).
         """
         if math.prod(shape) == 0:
             return
@@ -254,6 +258,13 @@ class Lowerer:
         if len(dims) == 1 and ss[0] == 1 and ds[0] == 1:
             size = dims[0] * src.dtype.itemsize
             self.call("copy_dtod", dst.view((dims[0],)), src.view((dims[0],)), size)
+            return
+        row = dims[-1] * src.dtype.itemsize
+        if len(dims) == 2 and ss[1] == 1 and ds[1] == 1 and dims[0] <= _FEW_ROWS and row >= _LONG_ROW:
+            # A few long contiguous runs (a key/value cache joined with new positions): one
+            # plain copy each streams at copy speed.
+            for j in range(dims[0]):
+                self.call("copy_dtod", dst.view((dims[1],), j * ds[0]), src.view((dims[1],), j * ss[0]), row)
             return
         if len(dims) > MAX_DIMS:
             for j in range(dims[0]):
