@@ -54,6 +54,7 @@ def stream_block(buf: Any, m: int, out: Any, at: int) -> None:
 
 def warm_up() -> None:
     """Compile (or load from numba's cache) the helpers."""
-    a = np.zeros(32, dtype=np.float32)
-    stream_block(a, 19, a.copy(), 0)
-    stream_head(a, True)
+    a = np.zeros(64, dtype=np.float32)
+    b = np.zeros(64, dtype=np.float32)
+    at = stream_head(b, True)  # the streamed lines must start on a 64-byte boundary
+    stream_block(a, 35, b, at)
