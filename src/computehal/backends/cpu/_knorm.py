@@ -23,7 +23,15 @@ import numpy as np
 from ._kwrite import BLOCK, store_fence, stream_block, stream_head
 from ._nb import as_float, as_int, jit, jit_reassoc, wide_vectors
 
-__all__ = ["norm_rows", "norm_rows_f32", "affine_planes", "lrn_planes", "lrn_planes_f32", "warm_up"]
+__all__ = [
+    "norm_rows",
+    "norm_rows_f32",
+    "affine_planes",
+    "lrn_planes",
+    "lrn_planes_f32",
+    "lrn_pieces_f32",
+    "warm_up",
+]
 
 
 _jit = jit
@@ -288,6 +296,29 @@ def lrn_planes_f32(
         store_fence()
 
 
+@_jit
+def lrn_pieces_f32(
+    x: Any,
+    out: Any,
+    k0: int,
+    k1: int,
+    width: int,
+    size: int,
+    alpha: float,
+    bias: float,
+    stream: bool,
+    total: Any,
+) -> None:
+    """:func:`lrn_planes_f32` on pieces ``[k0, k1)`` of [N, C, S] ``x``: piece ``k`` is image
+    ``k // pieces`` (``pieces`` per image), columns from ``(k % pieces) * width``, ``width`` wide."""
+    spatial = x.shape[2]
+    pieces = (spatial + width - 1) // width
+    for k in range(k0, k1):
+        i = k // pieces
+        j0 = (k % pieces) * width
+        lrn_planes_f32(x[i], out[i], j0, min(spatial, j0 + width), size, alpha, bias, stream, total)
+
+
 def warm_up() -> None:
     """Compile (or load from numba's cache) every kernel for float32 and float64."""
     for dtype in (np.float32, np.float64):
@@ -303,3 +334,4 @@ def warm_up() -> None:
     a = np.ones((2, 3), dtype=np.float32)
     for stream in (False, True):
         lrn_planes_f32(a, a.copy(), 0, 3, 3, 1e-4, 1.0, stream, np.empty(3, dtype=np.float32))
+        lrn_pieces_f32(a[None], a[None].copy(), 0, 2, 2, 3, 1e-4, 1.0, stream, np.empty(2, dtype=np.float32))

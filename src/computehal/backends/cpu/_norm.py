@@ -122,13 +122,15 @@ class NormOps(CpuPlumbing):
         stream = out.nbytes >= STREAM_BYTES
 
         def run(start: int, stop: int) -> None:
-            total = np.empty(width if fast else 0, dtype=np.float32)
+            if fast:
+                # One call per thread for its range of pieces.
+                total = np.empty(width, dtype=np.float32)
+                compiled.lrn_pieces_f32(x, out, start, stop, width, p.size, p.alpha, p.bias, stream, total)
+                return
             with np.errstate(all="ignore"):
                 for i, s0 in pieces[start:stop]:
                     s1 = min(p.spatial, s0 + width)
-                    if fast:
-                        compiled.lrn_planes_f32(x[i], out[i], s0, s1, p.size, p.alpha, p.bias, stream, total)
-                    elif compiled is not None:
+                    if compiled is not None:
                         compiled.lrn_planes(x[i], out[i], s0, s1, p.size, p.alpha, p.beta, p.bias)
                     else:
                         _lrn_numpy(x[i, :, s0:s1], out[i, :, s0:s1], p)
