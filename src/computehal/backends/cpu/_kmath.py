@@ -31,16 +31,15 @@ numba is missing or cannot compile; CpuBackend then keeps its NumPy paths.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-import numba
 import numpy as np
-from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from ._nb import wide_vectors
+from ._nb import as_float as _as_float
+from ._nb import as_int as _as_int
+from ._nb import jit, jit_reassoc, wide_vectors
 
 __all__ = [
     "exp_into",
@@ -59,54 +58,7 @@ __all__ = [
 ]
 
 
-def _compiled(fastmath: set[str]) -> Callable[[Callable[..., Any]], Any]:
-    """``numba.njit`` with this module's options, cached on disk where numba finds a writable place.
-
-    Numba caches next to this file, else in the user-wide cache directory; where
-    neither is writable (a read-only install run by a user without a home) it refuses
-    ``cache=True`` at decoration time, and the kernels are then compiled in each process.
-    """
-
-    def decorate(fn: Callable[..., Any]) -> Any:
-        options: dict[str, Any] = dict(nogil=True, fastmath=fastmath, error_model="numpy")
-        try:
-            return numba.njit(cache=True, **options)(fn)
-        except RuntimeError:  # "cannot cache function ...: no locator available"
-            return numba.njit(cache=False, **options)(fn)
-
-    return decorate
-
-
-_jit = _compiled({"contract"})
-
-
-@intrinsic
-def _as_int(typingctx: Any, x: Any) -> Any:
-    """The bits of a float32 as an int32 (a register bit-cast, vectorisable)."""
-    if x != types.float32:
-        return None
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.bitcast(args[0], ir.IntType(32))
-
-    return types.int32(types.float32), codegen
-
-
-@intrinsic
-def _as_float(typingctx: Any, x: Any) -> Any:
-    """The float32 whose bits are the low 32 bits of the given integer."""
-    if not isinstance(x, types.Integer):
-        return None
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        value = args[0]
-        if x.bitwidth > 32:
-            value = builder.trunc(value, ir.IntType(32))
-        elif x.bitwidth < 32:
-            value = builder.sext(value, ir.IntType(32))
-        return builder.bitcast(value, ir.FloatType())
-
-    return types.float32(x), codegen
+_jit = jit
 
 
 def _int32_op(name: str, doc: str) -> Any:
@@ -342,7 +294,7 @@ def _row_max(row: Any) -> float:
 
 # Reassociation only lets LLVM keep several partial sums (a vector of them); nothing
 # else in this function could change under it.
-@_compiled({"contract", "reassoc"})
+@jit_reassoc
 def _row_sum(row: Any) -> float:
     """Sum of a float32 row, accumulated in interleaved float32 partial sums."""
     total = _ZERO
