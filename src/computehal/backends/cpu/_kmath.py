@@ -39,7 +39,8 @@ from numba.extending import intrinsic
 
 from ._nb import as_float as _as_float
 from ._nb import as_int as _as_int
-from ._nb import jit, jit_reassoc, wide_vectors
+from ._nb import jit, wide_vectors
+from ._nb import sum32 as _sum32
 
 __all__ = [
     "exp_into",
@@ -292,17 +293,6 @@ def _row_max(row: Any) -> float:
     return _as_float(_ixor(best, _iand(_isra(best, 31), _KEY_MASK)))
 
 
-# Reassociation only lets LLVM keep several partial sums (a vector of them); nothing
-# else in this function could change under it.
-@jit_reassoc
-def _row_sum(row: Any) -> float:
-    """Sum of a float32 row, accumulated in interleaved float32 partial sums."""
-    total = _ZERO
-    for i in range(row.shape[0]):
-        total += row[i]
-    return total
-
-
 @_jit
 def softmax_rows(x: Any, out: Any) -> None:
     """Softmax along axis 1 of C-contiguous float32 ``[rows, length]`` arrays (``out`` may be ``x``).
@@ -323,7 +313,7 @@ def softmax_rows(x: Any, out: Any) -> None:
             continue
         for i in range(src.shape[0]):
             dst[i] = _exp_nonpositive(src[i] - peak)
-        scale = _ONE / _row_sum(dst)
+        scale = _ONE / _sum32(dst)
         for i in range(dst.shape[0]):
             dst[i] = dst[i] * scale
 
@@ -375,7 +365,7 @@ def log_softmax_rows(x: Any, out: Any) -> None:
         peak = _row_max(src)
         for i in range(src.shape[0]):
             dst[i] = _exp_nonpositive(src[i] - peak)
-        shift = _log(_row_sum(dst))
+        shift = _log(_sum32(dst))
         for i in range(dst.shape[0]):
             dst[i] = (src[i] - peak) - shift
 
@@ -468,7 +458,7 @@ def sum_rows(x: Any, out: Any) -> None:
         row = x[r]
         total = 0.0
         for c in range(0, length, _SUM_CHUNK):
-            total += np.float64(_row_sum(row[c : min(length, c + _SUM_CHUNK)]))
+            total += np.float64(_sum32(row[c : min(length, c + _SUM_CHUNK)]))
         out[r] = _F(total)
 
 
@@ -483,7 +473,7 @@ def exp_shifted_rowsum(scores: Any, shift: Any, sums: Any) -> None:
         s = shift[r]
         for j in range(row.shape[0]):
             row[j] = _exp(row[j] - s)
-        sums[r] = _row_sum(row)
+        sums[r] = _sum32(row)
 
 
 def warm_up() -> None:

@@ -22,6 +22,7 @@ import numpy as np
 
 from ._kwrite import BLOCK, store_fence, stream_block, stream_head
 from ._nb import as_float, as_int, jit, jit_reassoc, wide_vectors
+from ._nb import sum32 as _sum32
 
 __all__ = [
     "norm_rows",
@@ -94,15 +95,6 @@ def _row_stats64(row: Any, eps: float, rms: bool) -> tuple[float, float]:
         d = np.float64(row[j]) - mean
         spread += d * d
     return mean, 1.0 / math.sqrt(spread / cols + eps)
-
-
-@_sums
-def _sum32(row: Any) -> float:
-    """Sum of a float32 row in float32 vector partial sums (``reassoc``)."""
-    total = _F_ZERO
-    for j in range(row.shape[0]):
-        total += row[j]
-    return total
 
 
 @_sums

@@ -10,6 +10,7 @@
   exports (the same OpenBLAS as :mod:`._blas`, so the BLAS thread limit of
   :mod:`._runtime` applies). Compiled code calling it is cacheable, unlike a ctypes
   function pointer.
+* :func:`sum32`: the sum of a float32 row in float32 vector partial sums.
 * :func:`as_int`: the bits of a float32 as an int32 (a register bit-cast).
 * :func:`stream_scaled`: eight float32 products stored with a non-temporal hint
   (no read-for-ownership of the destination line: a softmax's output is written once).
@@ -42,6 +43,7 @@ __all__ = [
     "jit",
     "jit_reassoc",
     "sgemm",
+    "sum32",
     "as_int",
     "as_float",
     "order_key",
@@ -70,6 +72,18 @@ def _compiled(fastmath: set[str]) -> Callable[[Callable[..., Any]], Any]:
 jit = _compiled({"contract"})
 #: The same, also letting LLVM reassociate (partial sums kept in vectors).
 jit_reassoc = _compiled({"contract", "reassoc"})
+
+
+# Reassociation only lets LLVM keep several partial sums (a vector of them); nothing
+# else in this function could change under it.
+@jit_reassoc
+def sum32(row):
+    """Sum of a 1-D float32 array, accumulated in interleaved float32 partial sums."""
+    total = np.float32(0.0)
+    for i in range(row.shape[0]):
+        total += row[i]
+    return total
+
 
 _F32P = types.CPointer(types.float32)
 _xxgemm = types.ExternalFunction(
