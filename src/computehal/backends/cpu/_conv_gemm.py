@@ -67,11 +67,21 @@ def _pull(count: int, run: Any) -> None:
         parallel_pull(count, run)
 
 
-def _strided_rows(
-    x: FloatArray, i: int, r0: int, r1: int, sh: int, sw: int, ow: int, out: FloatArray
-) -> None:
-    """``out`` [C, r1 - r0, ow] = input pixels (r * sh, q * sw) of image ``i`` for output rows r0..r1."""
-    out[...] = x[i, :, r0 * sh : (r1 - 1) * sh + 1 : sh, : (ow - 1) * sw + 1 : sw]
+def _source_rows(
+    x: FloatArray, xs: FloatArray, i: int, r0: int, r1: int, sh: int, sw: int, ow: int
+) -> FloatArray:
+    """Input pixels (r * sh, q * sw) of image ``i`` for output rows r0..r1, as [C, (r1 - r0) ow].
+
+    At stride 1 a view of ``xs`` (``x`` as [N, C, H W]); otherwise gathered into this
+    thread's "pointwise" scratch.
+    """
+    c, cols = x.shape[1], (r1 - r0) * ow
+    if sh == sw == 1:
+        view: FloatArray = xs[i, :, r0 * ow : r1 * ow]
+        return view
+    buf = thread_scratch("pointwise", c * cols, x.dtype)[: c * cols].reshape(c, r1 - r0, ow)
+    buf[...] = x[i, :, r0 * sh : (r1 - 1) * sh + 1 : sh, : (ow - 1) * sw + 1 : sw]
+    return buf.reshape(c, cols)
 
 
 def pointwise_tasks(n: int, oh: int, ow: int, k: int) -> list[tuple[int, int, int, int, int]]:
@@ -113,12 +123,7 @@ def pointwise_forward(
         for t in items:
             i, r0, r1, k0, k1 = tasks[t]
             cols = (r1 - r0) * ow
-            if sh == sw == 1:
-                src = xs[i, :, r0 * ow : r1 * ow]
-            else:
-                buf = thread_scratch("pointwise", c * cols, dt)[: c * cols].reshape(c, r1 - r0, ow)
-                _strided_rows(x, i, r0, r1, sh, sw, ow, buf)
-                src = buf.reshape(c, cols)
+            src = _source_rows(x, xs, i, r0, r1, sh, sw, ow)
             out = ys[i, k0:k1, r0 * ow : r1 * ow]
             if bias is None:
                 np.matmul(fmat[k0:k1], src, out=out)
@@ -180,13 +185,7 @@ def pointwise_backward_filter(x: FloatArray, gy: FloatArray, gf: FloatArray, sh:
         part = np.empty((k, c), dtype=dt)
         for t in items:
             i, r0, r1 = tasks[t]
-            cols = (r1 - r0) * ow
-            if sh == sw == 1:
-                src = xs[i, :, r0 * ow : r1 * ow]
-            else:
-                buf = thread_scratch("pointwise", c * cols, dt)[: c * cols].reshape(c, r1 - r0, ow)
-                _strided_rows(x, i, r0, r1, sh, sw, ow, buf)
-                src = buf.reshape(c, cols)
+            src = _source_rows(x, xs, i, r0, r1, sh, sw, ow)
             np.matmul(gys[i, :, r0 * ow : r1 * ow], src.T, out=part)
             acc += part
 
