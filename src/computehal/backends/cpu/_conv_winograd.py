@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -103,6 +104,19 @@ def _transformed_filter(ft: FloatArray, tile: int = 4) -> FloatArray | None:
     return u if finite[0] else None
 
 
+def _item_scratch(
+    kern: Any, rows: int, tw: int, tiles: int, cin: int, kout: int
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """This thread's scratch for a fused work item of ``tiles`` tiles, ``rows`` tile rows of ``tw`` per image.
+
+    ``V`` (36 x tiles x C floats), ``M`` (36 x tiles x K) and the transforms' work area.
+    """
+    v = thread_scratch("winograd-iv", 36 * tiles * cin)[: 36 * tiles * cin]
+    m = thread_scratch("winograd-im", 36 * tiles * kout)[: 36 * tiles * kout]
+    size = max(kern.input_item_scratch(rows, tw, cin), kern.output_item_scratch(rows, tw, kout))
+    return v, m, thread_scratch("winograd", size)
+
+
 def _fused(x: FloatArray, u: FloatArray, bias: FloatArray | None, y: FloatArray, pt: int, pl: int) -> bool:
     kern = kernels("_winograd")
     n, cin = x.shape[0], x.shape[1]
@@ -115,10 +129,7 @@ def _fused(x: FloatArray, u: FloatArray, bias: FloatArray | None, y: FloatArray,
         n0, n1, t0, t1 = items[i]
         rows = t1 - t0
         tiles = (n1 - n0) * rows * tw
-        v = thread_scratch("winograd-iv", 36 * tiles * cin)[: 36 * tiles * cin]
-        m = thread_scratch("winograd-im", 36 * tiles * kout)[: 36 * tiles * kout]
-        size = max(kern.input_item_scratch(rows, tw, cin), kern.output_item_scratch(rows, tw, kout))
-        work = thread_scratch("winograd", size)
+        v, m, work = _item_scratch(kern, rows, tw, tiles, cin, kout)
         for image in range(n0, n1):
             if kern.input_item(x, image, t0, t1, pt, pl, tw, v, tiles, (image - n0) * rows * tw, work):
                 return False
@@ -259,10 +270,7 @@ def _filter_fused(x: FloatArray, gy: FloatArray, pt: int, pl: int) -> FloatArray
             n0, n1, t0, t1 = items[i]
             rows = t1 - t0
             tiles = (n1 - n0) * rows * tw
-            v = thread_scratch("winograd-iv", 36 * tiles * cin)[: 36 * tiles * cin]
-            mg = thread_scratch("winograd-im", 36 * tiles * kout)[: 36 * tiles * kout]
-            size = max(kern.input_item_scratch(rows, tw, cin), kern.output_item_scratch(rows, tw, kout))
-            work = thread_scratch("winograd", size)
+            v, mg, work = _item_scratch(kern, rows, tw, tiles, cin, kout)
             for image in range(n0, n1):
                 first = (image - n0) * rows * tw
                 bad = kern.input_item(x, image, t0, t1, pt, pl, tw, v, tiles, first, work)
