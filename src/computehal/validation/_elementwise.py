@@ -95,7 +95,10 @@ def unary(
         al = _param(uop, UnaryOp.LEAKY_RELU, "alpha", alpha, 0.01)
         low = _param(uop, UnaryOp.CLIP, "lo", lo, -math.inf)
         high = _param(uop, UnaryOp.CLIP, "hi", hi, math.inf)
-    src, dst = as_pointer("input_ptr", input_ptr), as_pointer("output_ptr", output_ptr)
+    # A plain int needs no conversion (resolve checks its value); anything else is converted
+    # here, before any pointer is resolved.
+    src = input_ptr if type(input_ptr) is int else as_pointer("input_ptr", input_ptr)
+    dst = output_ptr if type(output_ptr) is int else as_pointer("output_ptr", output_ptr)
     size = dt.itemsize
     a = lease.resolve("input_ptr", src, count * size, size)
     out = lease.resolve("output_ptr", dst, count * size, size)
@@ -118,7 +121,9 @@ def binary(
         bop = coerce_enum(BinaryOp, op, "op")
     dt = F32 if dtype is F32 or (type(dtype) is str and dtype == "float32") else float_dtype(dtype)
     count = n if type(n) is int and 0 <= n <= MAX_COUNT else as_count("n", n)
-    pa, pb, po = as_pointer("a_ptr", a_ptr), as_pointer("b_ptr", b_ptr), as_pointer("output_ptr", output_ptr)
+    pa = a_ptr if type(a_ptr) is int else as_pointer("a_ptr", a_ptr)
+    pb = b_ptr if type(b_ptr) is int else as_pointer("b_ptr", b_ptr)
+    po = output_ptr if type(output_ptr) is int else as_pointer("output_ptr", output_ptr)
     size = dt.itemsize
     a = lease.resolve("a_ptr", pa, count * size, size)
     b = lease.resolve("b_ptr", pb, count * size, size)
