@@ -80,3 +80,10 @@ def test_overlapping_finds_shared_bytes_only() -> None:
     assert not unary(Region(alloc, 0, 16), Region(alloc, 0, 16)).overlapping()  # identical: in place
     other = Allocation(0x2000, 64, None)
     assert not unary(Region(alloc, 0, 16), Region(other, 0, 16)).overlapping()
+
+
+@pytest.mark.parametrize("cls", PROBLEMS, ids=lambda cls: cls.__name__)
+def test_operands_are_fields(cls: type[v.Problem]) -> None:
+    """The dispatcher reads operands from the record's fields (its ``__dict__``)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    assert {o.field for o in cls.OPERANDS} <= names

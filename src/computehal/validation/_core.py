@@ -145,17 +145,19 @@ class Problem:
     @property
     def empty(self) -> bool:
         """True when the operation writes nothing at all."""
+        fields = self.__dict__  # every operand is a field (cheaper than getattr)
         for name in self.OUTPUTS:
-            region = getattr(self, name)
+            region = fields[name]
             if region is not None and region.nbytes:
                 return False
         return True
 
     def overlapping(self) -> bool:
         """True when an input shares bytes with an output (other than an allowed identity)."""
+        fields = self.__dict__  # every operand is a field (cheaper than getattr)
         for in_name, out_name in self.PAIRS:
-            region = getattr(self, in_name)
-            out = getattr(self, out_name)
+            region = fields[in_name]
+            out = fields[out_name]
             if region is None or out is None or out.allocation is not region.allocation:
                 continue  # the common case: different allocations
             if region.overlaps(out) and not (self.ALIAS_IDENTICAL_OK and region == out):
