@@ -193,11 +193,12 @@ class Lease:
     lock once, and so does the end of a lease that pinned something.
     """
 
-    __slots__ = ("_table", "_pinned")
+    __slots__ = ("_table", "_pinned", "_owner")
 
     def __init__(self, table: PointerTable) -> None:
         self._table = table
         self._pinned: list[Allocation] = []
+        self._owner: int  # the thread's id, set at the first pin (see _RUNNING)
 
     def resolve(self, name: str, ptr: object, nbytes: int, align: int = 1) -> Region:
         """Check and pin ``nbytes`` bytes at ``ptr``; see :meth:`PointerTable.resolve`.
@@ -227,7 +228,8 @@ class Lease:
             pinned = self._pinned  # as in _hold, written out
             if not pinned:
                 table._leases += 1
-                _RUNNING.append(get_ident())
+                self._owner = owner = get_ident()
+                _RUNNING.append(owner)
             allocation.pins += 1
             pinned.append(allocation)
         finally:
@@ -246,7 +248,8 @@ class Lease:
         pinned = self._pinned
         if not pinned:
             self._table._leases += 1
-            _RUNNING.append(get_ident())
+            self._owner = owner = get_ident()
+            _RUNNING.append(owner)
         allocation.pins += 1
         pinned.append(allocation)
 
@@ -267,7 +270,7 @@ class Lease:
                     due = [allocation] if due is None else [*due, allocation]
             pinned.clear()
             table._leases -= 1
-            _RUNNING.remove(get_ident())
+            _RUNNING.remove(self._owner)
             if table._leases == 0 and (table._waiting or table._on_idle):
                 callbacks, table._on_idle = table._on_idle, []
                 table._idle.notify_all()
