@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ._kmath import _exp, _log, _sigmoid, _tanh
+from ._kmath import _HALF, _ONE, _TWO, _exp, _log, _sigmoid, _tanh
 from ._kwrite import BLOCK, store_fence, stream_block, stream_head
 from ._nb import jit, wide_vectors
 
@@ -89,9 +89,6 @@ _F32_N = tuple(_F(c) for c in (_N0, _N1, _N2, _N3, _N4, _N5))
 _F32_D = tuple(_F(c) for c in (_D1, _D2, _D3, _D4, _D5))
 _F_SQRT_HALF = _F(_SQRT_HALF)
 _F_FOUR = _F(4.0)
-_F_ONE = _F(1.0)
-_F_HALF = _F(0.5)
-_F_TWO = _F(2.0)
 
 
 @_jit
@@ -103,22 +100,22 @@ def _erf32(x: float) -> float:
     n0, n1, n2, n3, n4, n5 = _F32_N
     d1, d2, d3, d4, d5 = _F32_D
     num = ((((n5 * t + n4) * t + n3) * t + n2) * t + n1) * t + n0
-    den = ((((d5 * t + d4) * t + d3) * t + d2) * t + d1) * t + _F_ONE
+    den = ((((d5 * t + d4) * t + d3) * t + d2) * t + d1) * t + _ONE
     r = c * num / den
-    r = _F_ONE if r > _F_ONE else r
-    return -_F_ONE if r < -_F_ONE else r
+    r = _ONE if r > _ONE else r
+    return -_ONE if r < -_ONE else r
 
 
 @_jit
 def _gelu(v: float) -> float:
-    return _F_HALF * v * (_F_ONE + _erf32(v * _F_SQRT_HALF))
+    return _HALF * v * (_ONE + _erf32(v * _F_SQRT_HALF))
 
 
 @_jit
 def _gelu_tanh(v: float) -> float:
     # 0.5 v (1 + tanh(u)) = v / (1 + exp(-2u)); exp overflows to inf for u << 0 (v / inf = -0).
     u = _TANH_K * (v + _TANH_C * v * v * v)
-    return v / (_F_ONE + _exp(-_F_TWO * u))
+    return v / (_ONE + _exp(-_TWO * u))
 
 
 @_jit
