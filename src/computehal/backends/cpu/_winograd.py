@@ -68,6 +68,7 @@ _S6 = _F(1.0 / 6.0)
 _S12 = _F(1.0 / 12.0)
 _S24 = _F(1.0 / 24.0)
 _TWO = _F(2.0)
+_HALF = _F(0.5)
 _FOUR = _F(4.0)
 _FIVE = _F(5.0)
 _EIGHT = _F(8.0)
@@ -116,27 +117,51 @@ def _gt_lines(src, s, ss, dst, d, ds, count):
 
 
 @jit
-def filter_transform(ft, u, c0, c1, tmp):
+def _g2_lines(src, s, ss, dst, d, ds, count):
+    """F(2x2, 3x3)'s ``G``: ``dst[d + a * ds, i] = (G [src[s + j * ss, i] for j < 3])[a]``, ``a < 4``."""
+    for i in range(count):
+        dst[d, i] = src[s, i]
+    d += ds
+    for i in range(count):
+        dst[d, i] = ((src[s, i] + src[s + 2 * ss, i]) + src[s + ss, i]) * _HALF
+    d += ds
+    for i in range(count):
+        dst[d, i] = ((src[s, i] + src[s + 2 * ss, i]) - src[s + ss, i]) * _HALF
+    d += ds
+    for i in range(count):
+        dst[d, i] = src[s + 2 * ss, i]
+
+
+@jit
+def filter_transform(ft, u, c0, c1, tmp, tile=4):
     """``u[xi, c, k] = (G g G^T)[xi]`` for the filters ``g = ft[c, :, :, k]``, channels ``[c0, c1)``.
 
-    ``ft`` is [Cin, 3, 3, Kout] (C-contiguous), ``u`` flat [36, Cin, Kout], ``tmp`` float32
-    scratch of 18 Kout. Vectorised over the output channels. Returns False when a
-    filter value is not finite.
+    ``tile`` is the output tile size: 4 for F(4x4, 3x3), 2 for F(2x2, 3x3) (its ``G`` is
+    :func:`_g2_lines`); ``alpha = tile + 2``. ``ft`` is [Cin, 3, 3, Kout] (C-contiguous),
+    ``u`` flat [alpha**2, Cin, Kout], ``tmp`` float32 scratch of 3 alpha Kout.
+    Vectorised over the output channels. Returns False when a filter value is not finite.
     """
     wide_vectors()
+    alpha = tile + 2
     cin, kout = ft.shape[0], ft.shape[3]
     if non_finite(ft.reshape(-1)[c0 * 9 * kout : c1 * 9 * kout]):
         return False
     taps = ft.reshape((cin * 9, kout))
-    rows = tmp[: 18 * kout].reshape((18, kout))
-    out = u.reshape((36 * cin, kout))
+    rows = tmp[: 3 * alpha * kout].reshape((3 * alpha, kout))
+    out = u.reshape((alpha * alpha * cin, kout))
     for c in range(c0, c1):
         for s in range(3):
             # rows[a * 3 + s] = (G g)[a, s]
-            _g_lines(taps, c * 9 + s, 3, rows, s, 3, kout)
-        for a in range(6):
-            # u[a * 6 + b, c] = ((G g) G^T)[a, b]
-            _g_lines(rows, a * 3, 1, out, a * 6 * cin + c, cin, kout)
+            if tile == 4:
+                _g_lines(taps, c * 9 + s, 3, rows, s, 3, kout)
+            else:
+                _g2_lines(taps, c * 9 + s, 3, rows, s, 3, kout)
+        for a in range(alpha):
+            # u[a * alpha + b, c] = ((G g) G^T)[a, b]
+            if tile == 4:
+                _g_lines(rows, a * 3, 1, out, a * alpha * cin + c, cin, kout)
+            else:
+                _g2_lines(rows, a * 3, 1, out, a * alpha * cin + c, cin, kout)
     return True
 
 

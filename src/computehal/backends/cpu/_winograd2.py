@@ -22,7 +22,8 @@ from __future__ import annotations
 import numpy as np
 
 from ._nb import jit, wide_vectors
-from ._winograd import _store, _to_channels_last, non_finite
+from ._winograd import _store, _to_channels_last
+from ._winograd import filter_transform as _filter_transform
 
 __all__ = [
     "filter_transform",
@@ -34,7 +35,6 @@ __all__ = [
 ]
 
 _F = np.float32
-_HALF = _F(0.5)
 
 
 @jit
@@ -54,22 +54,6 @@ def _bt_lines(src, s, ss, dst, d, ds, count):
 
 
 @jit
-def _g_lines(src, s, ss, dst, d, ds, count):
-    """``dst[d + a * ds, i] = (G [src[s + j * ss, i] for j < 3])[a]`` for ``i < count``."""
-    for i in range(count):
-        dst[d, i] = src[s, i]
-    d += ds
-    for i in range(count):
-        dst[d, i] = ((src[s, i] + src[s + 2 * ss, i]) + src[s + ss, i]) * _HALF
-    d += ds
-    for i in range(count):
-        dst[d, i] = ((src[s, i] + src[s + 2 * ss, i]) - src[s + ss, i]) * _HALF
-    d += ds
-    for i in range(count):
-        dst[d, i] = src[s + 2 * ss, i]
-
-
-@jit
 def _at_lines(src, s, ss, dst, d, ds, count):
     """``dst[d + o * ds, i] = (A^T [src[s + j * ss, i] for j < 4])[o]`` for ``i < count``."""
     for i in range(count):
@@ -81,23 +65,11 @@ def _at_lines(src, s, ss, dst, d, ds, count):
 
 @jit
 def filter_transform(ft, u, c0, c1, tmp):
-    """``u[xi, c, k] = (G g G^T)[xi]`` for ``g = ft[c, :, :, k]``, channels ``[c0, c1)``; False if not finite.
+    """:func:`._winograd.filter_transform` for this tile size.
 
-    ``ft`` is [Cin, 3, 3, Kout], ``u`` flat [16, Cin, Kout], ``tmp`` scratch of 12 Kout floats.
+    ``u`` is flat [16, Cin, Kout], ``tmp`` scratch of 12 Kout floats; False if a filter value is not finite.
     """
-    wide_vectors()
-    cin, kout = ft.shape[0], ft.shape[3]
-    if non_finite(ft.reshape(-1)[c0 * 9 * kout : c1 * 9 * kout]):
-        return False
-    taps = ft.reshape((cin * 9, kout))
-    rows = tmp[: 12 * kout].reshape((12, kout))
-    out = u.reshape((16 * cin, kout))
-    for c in range(c0, c1):
-        for s in range(3):
-            _g_lines(taps, c * 9 + s, 3, rows, s, 3, kout)
-        for a in range(4):
-            _g_lines(rows, a * 3, 1, out, a * 4 * cin + c, cin, kout)
-    return True
+    return _filter_transform(ft, u, c0, c1, tmp, 2)
 
 
 @jit
