@@ -117,16 +117,26 @@ _HALF = _F(0.5)
 
 
 @_jit
-def _exp(x: float) -> float:
-    """exp of one float32 (inlined into the vector loops)."""
-    # NaN fails both comparisons and travels through unchanged.
-    xc = _EXP_HI if x > _EXP_HI else x
-    xc = _EXP_LO if xc < _EXP_LO else xc
+def _exp_reduce(xc: float) -> tuple[float, int]:
+    """``(r, n)`` with ``xc = n ln2 + r``, ``|r| <= ln2 / 2`` (Cody-Waite).
+
+    The caller clamps ``xc``; a NaN stays in ``r``.
+    """
     t = xc * _LOG2E + _ROUND
     nf = t - _ROUND
     n = _as_int(t) - _ROUND_BITS
     r = xc - nf * _LN2_HI
     r = r - nf * _LN2_LO
+    return r, n
+
+
+@_jit
+def _exp(x: float) -> float:
+    """exp of one float32 (inlined into the vector loops)."""
+    # NaN fails both comparisons and travels through unchanged.
+    xc = _EXP_HI if x > _EXP_HI else x
+    xc = _EXP_LO if xc < _EXP_LO else xc
+    r, n = _exp_reduce(xc)
     z = r * r
     p = (((((_E5 * r + _E4) * r + _E3) * r + _E2) * r + _E1) * r + _E0) * z + r + _ONE
     # 2**n as two factors so that results near overflow and in the subnormal range
@@ -201,6 +211,12 @@ _SIGN_BIT = _I(-2147483648)
 
 
 @_jit
+def _exp_short(r: float) -> float:
+    """exp(r) for a reduced ``r`` by the shorter polynomial ``_Q`` (relative error 2**-28.3)."""
+    return ((((_Q4 * r + _Q3) * r + _Q2) * r + _Q1) * r + _Q0) * (r * r) + r + _ONE
+
+
+@_jit
 def _exp_nonpositive(x: float) -> float:
     """exp(x) for x <= 0 or NaN (softmax's ``x - max``): ``_exp`` without the overflow clamp.
 
@@ -208,13 +224,8 @@ def _exp_nonpositive(x: float) -> float:
     error bound is far looser than one ULP of each exponential.
     """
     xc = _EXP_LO if x < _EXP_LO else x
-    t = xc * _LOG2E + _ROUND
-    nf = t - _ROUND
-    n = _as_int(t) - _ROUND_BITS
-    r = xc - nf * _LN2_HI
-    r = r - nf * _LN2_LO
-    z = r * r
-    p = ((((_Q4 * r + _Q3) * r + _Q2) * r + _Q1) * r + _Q0) * z + r + _ONE
+    r, n = _exp_reduce(xc)
+    p = _exp_short(r)
     n1 = n >> 1
     return p * _as_float((n1 + 127) << 23) * _as_float((n - n1 + 127) << 23)
 
@@ -227,12 +238,8 @@ def _tanh(x: float) -> float:
     # exp(2a) for 0 <= a <= 9.5 (or NaN): the result stays normal, one exponent scale suffices.
     ac = _TANH_CLAMP if a > _TANH_CLAMP else a  # NaN passes
     xc = ac + ac
-    t = xc * _LOG2E + _ROUND
-    nf = t - _ROUND
-    n = _as_int(t) - _ROUND_BITS
-    r = xc - nf * _LN2_HI
-    r = r - nf * _LN2_LO
-    p = ((((_Q4 * r + _Q3) * r + _Q2) * r + _Q1) * r + _Q0) * (r * r) + r + _ONE
+    r, n = _exp_reduce(xc)
+    p = _exp_short(r)
     big = _ONE - _TWO / (p * _as_float((n + 127) << 23) + _ONE)
     res = small if a < _TANH_SMALL else big
     return _as_float(_as_int(res) ^ (_as_int(x) & _SIGN_BIT))
