@@ -48,7 +48,7 @@ def _f32_kernel(x: FloatArray, name: str) -> Callable[[FloatArray, FloatArray], 
     """The compiled float32 kernel ``name`` for ``x``, when it applies."""
     if x.dtype != np.float32 or x.size < KERNEL_THRESHOLD // 4:
         return None
-    compiled = kernels("_kmath")
+    compiled = kernels("_kact")
     kernel: Callable[[FloatArray, FloatArray], None] | None = (
         None if compiled is None else getattr(compiled, name)
     )

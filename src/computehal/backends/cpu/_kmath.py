@@ -43,10 +43,6 @@ from ._nb import jit, wide_vectors
 from ._nb import sum32 as _sum32
 
 __all__ = [
-    "exp_into",
-    "log_into",
-    "tanh_into",
-    "sigmoid_into",
     "softmax_rows",
     "softmax_columns",
     "log_softmax_rows",
@@ -251,34 +247,6 @@ def _sigmoid(x: float) -> float:
     e = _exp(-abs(x))
     num = e if x < _ZERO else _ONE
     return num / (_ONE + e)
-
-
-@_jit
-def exp_into(x: Any, out: Any) -> None:
-    """``out[i] = exp(x[i])`` for 1-D float32 arrays of equal length (``out`` may be ``x``)."""
-    for i in range(x.shape[0]):
-        out[i] = _exp(x[i])
-
-
-@_jit
-def log_into(x: Any, out: Any) -> None:
-    """``out[i] = log(x[i])`` for 1-D float32 arrays (``out`` may be ``x``)."""
-    for i in range(x.shape[0]):
-        out[i] = _log(x[i])
-
-
-@_jit
-def tanh_into(x: Any, out: Any) -> None:
-    """``out[i] = tanh(x[i])`` for 1-D float32 arrays (``out`` may be ``x``)."""
-    for i in range(x.shape[0]):
-        out[i] = _tanh(x[i])
-
-
-@_jit
-def sigmoid_into(x: Any, out: Any) -> None:
-    """``out[i] = 1 / (1 + exp(-x[i]))`` for 1-D float32 arrays (``out`` may be ``x``)."""
-    for i in range(x.shape[0]):
-        out[i] = _sigmoid(x[i])
 
 
 _KEY_MASK = _I(0x7FFFFFFF)
@@ -487,8 +455,6 @@ def warm_up() -> None:
     """Compile (or load from numba's cache) every kernel of this module now."""
     x = np.zeros(4, dtype=_F)
     rows = np.zeros((2, 4), dtype=_F)
-    for fn in (exp_into, log_into, tanh_into, sigmoid_into):
-        fn(x, x)
     softmax_rows(rows, rows)
     softmax_columns(rows, rows, 0, 4)
     log_softmax_rows(rows, rows)
