@@ -1,13 +1,21 @@
 """GEMM on the CPU: BLAS called in place on the caller's memory and leading dimensions.
 
 No operand is copied (the shared dispatcher has already copied aside an A or B that C
-overlaps, which BLAS leaves undefined). Batched GEMMs split batches over the worker
-threads, each with single-threaded BLAS.
+overlaps, which BLAS leaves undefined).
+
+BLAS never runs its own threads here: a GEMM large enough for OpenBLAS to thread
+(:data:`SPLIT_MACS` multiply-adds, OpenBLAS's own threshold) is split into blocks of C's
+columns (or rows, for tall C), one per worker thread, each a single-threaded BLAS call;
+batched GEMMs split batches the same way. OpenBLAS's threads spin for a while after each
+call, so letting it thread while the backend's own workers run the convolutions,
+attention and element-wise ops between GEMMs puts two busy pools on the same cores: on a
+2-core machine a BERT-base encoder ran 4-5x slower that way than with one pool.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -16,6 +24,7 @@ from ... import validation as v
 from ...dtypes import F32
 from ...memory import Region, ceil_div
 from ...types import MixedPrecision
+from .._common import round_up
 from ._blas import gemm_at, gemv_at
 from ._plumbing import CpuPlumbing, FloatArray
 from ._runtime import parallel_pull, single_threaded_blas, workers
@@ -24,6 +33,49 @@ __all__ = ["GemmOps"]
 
 #: Batched GEMM hands each thread at least this many multiply-adds.
 BATCH_GRAIN_FLOPS = 1 << 21
+#: A GEMM (or GEMV) of this many multiply-adds or more is split over the worker threads
+#: (OpenBLAS threads from here on: ``SMP_THRESHOLD_MIN * GEMM_MULTITHREAD_THRESHOLD``).
+SPLIT_MACS = 1 << 18
+#: Split points fall on multiples of this many columns / rows (BLAS kernels' unrolling).
+SPLIT_ALIGN = 16
+
+
+def split_gemm(p: v.GemmProblem) -> None:
+    """``p`` on its own addresses, split over the worker threads when it is large.
+
+    Each part is one single-threaded BLAS call on a block of C's columns (or of its rows,
+    when C is taller than wide); the blocks never overlap, and every part reads the whole
+    of the other operand.
+    """
+    a, b, c = p.a.ptr, p.b.ptr, p.c.ptr
+    macs = p.m * p.n * max(1, p.k)
+    if workers() == 1 or macs < SPLIT_MACS or p.empty or p.product_skipped:
+        with single_threaded_blas():
+            run_gemm(p, a, b, c)
+        return
+    size = p.dtype.itemsize
+    by_columns = p.n >= p.m
+    total = p.n if by_columns else p.m
+    parts = min(workers(), max(1, total // SPLIT_ALIGN))
+
+    def run(start: int, stop: int) -> None:
+        if by_columns:
+            b_at = b + start * size * (1 if p.trans_b else p.ldb)
+            part = replace(p, n=stop - start)
+            run_gemm(part, a, b_at, c + start * p.ldc * size)
+        else:
+            a_at = a + start * size * (p.lda if p.trans_a else 1)
+            part = replace(p, m=stop - start)
+            run_gemm(part, a_at, b, c + start * size)
+
+    bounds = [min(total, round_up(total * i // parts, SPLIT_ALIGN)) for i in range(parts)] + [total]
+
+    def pull(items: Iterator[int]) -> None:
+        for i in items:
+            run(bounds[i], bounds[i + 1])
+
+    with single_threaded_blas():
+        parallel_pull(parts, pull)
 
 
 def run_gemm(p: v.GemmProblem, a: int, b: int, c: int) -> None:
@@ -63,7 +115,7 @@ class GemmOps(CpuPlumbing):
     """``gemm``, ``batched_gemm`` and ``gemm_mixed_precision``."""
 
     def _exec_gemm(self, p: v.GemmProblem) -> None:
-        run_gemm(p, p.a.ptr, p.b.ptr, p.c.ptr)
+        split_gemm(p)
 
     def _exec_batched_gemm(self, p: v.BatchedGemmProblem) -> None:
         g = p.gemm
@@ -86,8 +138,11 @@ class GemmOps(CpuPlumbing):
 
             with single_threaded_blas():
                 parallel_pull(ceil_div(p.batch_count, grain), pull)
+        elif p.batch_count == 1:
+            split_gemm(g)
         else:
-            run(0, p.batch_count)
+            with single_threaded_blas():
+                run(0, p.batch_count)
 
     def _exec_gemm_mixed_precision(self, p: v.GemmProblem) -> None:
         fmt = p.prec
