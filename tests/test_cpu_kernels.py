@@ -427,3 +427,21 @@ def test_lrn_float32_kernel() -> None:
             N.lrn_planes_f32(x, out, 120, 200, size, alpha, bias, stream, np.empty(120, dtype=F32))
             np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
             np.testing.assert_allclose(out, want, rtol=16 * 2.0**-23, atol=0)
+
+
+def test_lrn_float32_running_sum_cancellation() -> None:
+    """Large squares leaving the running channel-window sum: small windows after them keep full accuracy."""
+    import computehal.backends.cpu._knorm as N
+    from computehal.testing.reference import lrn
+
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((40, 96)) * 1e-2).astype(F32)
+    x[5] = 3e3  # one huge channel among small ones
+    x[20:36, :48] = (2.0 ** -np.arange(16.0))[:, None] * 1e2  # window sums falling geometrically
+    x[20:36, 48:] *= (10.0 ** -np.arange(16.0))[:, None]
+    configs = ((1.0, 1e-6, 5), (1e-4, 2.0, 5), (0.5, 1e-3, 4), (2.0, 1e-8, 9), (-1e-3, 1e3, 5))
+    for alpha, bias, size in configs:
+        want = lrn(x[None].astype(F64), size, alpha, 0.75, bias)[0]
+        out = np.full_like(x, 7.0)
+        N.lrn_planes_f32(x, out, 0, 96, size, alpha, bias, False, np.empty(96, dtype=F32))
+        np.testing.assert_allclose(out, want, rtol=16 * 2.0**-23, atol=0)

@@ -233,18 +233,32 @@ def _inv_pow34(t: float) -> float:
     return z * z * z
 
 
+#: Channels between window sums taken from scratch (the running sum in between).
+_RESTART = 16
+
+
 @_jit
-def lrn_planes_f32(
+def _window_sums(x: Any, j0: int, width: int, lo: int, hi: int, acc: Any, top: Any) -> None:
+    """``acc[j] = top[j] = sum(x[k, j0 + j] ** 2 for k in [lo, hi])``."""
+    wide_vectors()
+    first = x[lo, j0 : j0 + width]
+    for j in range(width):
+        acc[j] = first[j] * first[j]
+    for k in range(lo + 1, hi + 1):
+        row = x[k, j0 : j0 + width]
+        for j in range(width):
+            acc[j] += row[j] * row[j]
+    for j in range(width):
+        top[j] = acc[j]
+
+
+@_jit
+def _lrn_planes_streamed(
     x: Any, out: Any, j0: int, j1: int, size: int, alpha: float, bias: float, stream: bool, total: Any
 ) -> None:
-    """:func:`lrn_planes` for float32 and ``beta = 0.75``, without divisions or square roots.
-
-    ``total`` is float32 scratch of at least ``j1 - j0``. The window sums are taken as in
-    :func:`lrn_planes`; ``x * t ** -0.75`` comes from :func:`_inv_pow34` (5 eps, against
-    the contract's ``32 + 3 (size + 4)`` eps). A channel row where some ``t`` leaves
-    [1e-30, 1e30] (or is NaN) is recomputed with the exact formula. With ``stream``, the
-    output goes out through :mod:`._kwrite`'s non-temporal stores.
-    """
+    """:func:`lrn_planes_f32` with non-temporal stores: the window sums taken from scratch
+    for each channel into ``total``; parts of a channel row are computed into a small
+    buffer and streamed out through :mod:`._kwrite`."""
     wide_vectors()
     channels, spatial = x.shape
     below, above = (size - 1) // 2, size // 2
@@ -288,6 +302,67 @@ def lrn_planes_f32(
         store_fence()
 
 
+@_sums
+def lrn_planes_f32(
+    x: Any, out: Any, j0: int, j1: int, size: int, alpha: float, bias: float, stream: bool, total: Any
+) -> None:
+    """:func:`lrn_planes` for float32 and ``beta = 0.75``, without divisions or square roots.
+
+    The window sum of a channel comes from the previous one's (the entering channel's
+    squares added, the leaving one's subtracted: two operations an element, not ``size``),
+    taken from scratch every ``_RESTART`` channels and at the clipped edges. Its rounding
+    stays under ``(23 + size) eps`` times ``top``, the largest sum since the restart; a
+    channel row where ``|alpha| / size * top`` exceeds ``t / 4`` somewhere (the rounding
+    could reach a few eps of ``t``), or where some ``t`` leaves [1e-30, 1e30] (or is NaN),
+    is recomputed from scratch with the exact formula. ``x * t ** -0.75`` comes from
+    :func:`_inv_pow34` (5 eps, against the contract's ``32 + 3 (size + 4)`` eps). With
+    ``stream`` (output larger than the cache), :func:`_lrn_planes_streamed` runs instead,
+    with ``total``: float32 scratch of at least ``j1 - j0``.
+    """
+    if stream:
+        _lrn_planes_streamed(x, out, j0, j1, size, alpha, bias, True, total)
+        return
+    wide_vectors()
+    channels = x.shape[0]
+    below, above = (size - 1) // 2, size // 2
+    width = j1 - j0
+    coeff = _F(alpha / size)
+    offset = _F(bias)
+    scale = abs(coeff)  # the rounding bound, also for a negative alpha
+    acc, top = np.empty(width, np.float32), np.empty(width, np.float32)
+    for c in range(channels):
+        lo, hi = max(0, c - below), min(channels - 1, c + above)
+        src = x[c, j0:j1]
+        dst = out[c, j0:j1]
+        running = c % _RESTART != 0 and c - below > 0 and c + above < channels
+        # Rows where some t leaves [1e-30, 1e30] (or is NaN), or where the running sum's
+        # rounding may show, are recomputed below (a float count: it vectorises).
+        bad = _F(0.0)
+        if running:
+            enter = x[hi, j0:j1]
+            leave = x[lo - 1, j0:j1]
+            for j in range(width):
+                s = acc[j] + enter[j] * enter[j] - leave[j] * leave[j]
+                acc[j] = s
+                m = s if s > top[j] else top[j]
+                top[j] = m
+                t = offset + coeff * s
+                ok = (t >= _T_LO) & (t <= _T_HI) & (scale * m <= _F(0.25) * t)
+                bad += _F(0.0) if ok else _F(1.0)
+                dst[j] = src[j] * _inv_pow34(t)
+        else:
+            _window_sums(x, j0, width, lo, hi, acc, top)
+            for j in range(width):
+                t = offset + coeff * acc[j]
+                bad += _F(0.0) if (t >= _T_LO) & (t <= _T_HI) else _F(1.0)
+                dst[j] = src[j] * _inv_pow34(t)
+        if bad:
+            _window_sums(x, j0, width, lo, hi, acc, top)
+            for j in range(width):
+                root = math.sqrt(offset + coeff * acc[j])
+                dst[j] = src[j] / (root * math.sqrt(root))
+
+
 @_jit
 def lrn_pieces_f32(
     x: Any,
@@ -303,6 +378,7 @@ def lrn_pieces_f32(
 ) -> None:
     """:func:`lrn_planes_f32` on pieces ``[k0, k1)`` of [N, C, S] ``x``: piece ``k`` is image
     ``k // pieces`` (``pieces`` per image), columns from ``(k % pieces) * width``, ``width`` wide."""
+    wide_vectors()
     spatial = x.shape[2]
     pieces = (spatial + width - 1) // width
     for k in range(k0, k1):
