@@ -20,6 +20,9 @@ __all__ = ["NormOps"]
 
 #: Elements per block of the NumPy paths.
 NORM_BLOCK = 1 << 15
+#: Columns a piece of the float32 LRN kernel with a running window sum (a few channel rows
+#: of this width are in use at a time, whatever the channel count).
+LRN_WIDTH = 2048
 #: Outputs from this many bytes on are written with non-temporal stores (far beyond L2).
 STREAM_BYTES = 8 << 20
 
@@ -114,12 +117,11 @@ class NormOps(CpuPlumbing):
         x = self._array(p.input, (p.n, p.c, p.spatial), p.dtype)
         out = self._array(p.output, (p.n, p.c, p.spatial), p.dtype)
         compiled = kernels("_knorm")
-        width = max(1, NORM_BLOCK // max(1, p.c))
-        pieces = [(i, s0) for i in range(p.n) for s0 in range(0, p.spatial, width)]
-
         # float32 with ONNX's default beta: the kernel without divisions or square roots.
         fast = compiled is not None and p.dtype == np.float32 and p.beta == 0.75
         stream = out.nbytes >= STREAM_BYTES
+        width = LRN_WIDTH if fast and not stream else max(1, NORM_BLOCK // max(1, p.c))
+        pieces = [(i, s0) for i in range(p.n) for s0 in range(0, p.spatial, width)]
 
         def run(start: int, stop: int) -> None:
             if fast:
