@@ -294,6 +294,18 @@ def softmax_rows(x: Any, out: Any) -> None:
 
 
 @_jit
+def _column_max(x: Any, c_lo: int, c_hi: int) -> Any:
+    """float32 maxima down the rows of columns ``[c_lo, c_hi)`` of ``x`` (NaN ignored, -inf when none)."""
+    w = c_hi - c_lo
+    peak = np.full(w, -_INF, dtype=np.float32)
+    for r in range(x.shape[0]):
+        src = x[r, c_lo:c_hi]
+        for j in range(w):
+            peak[j] = np.fmax(peak[j], src[j])
+    return peak
+
+
+@_jit
 def softmax_columns(x: Any, out: Any, c_lo: int, c_hi: int) -> None:
     """Softmax along axis 0 of columns ``[c_lo, c_hi)`` of C-contiguous float32 ``[length, width]`` arrays.
 
@@ -306,12 +318,8 @@ def softmax_columns(x: Any, out: Any, c_lo: int, c_hi: int) -> None:
     """
     length = x.shape[0]
     w = c_hi - c_lo
-    peak = np.full(w, -_INF, dtype=np.float32)
+    peak = _column_max(x, c_lo, c_hi)
     total = np.zeros(w, dtype=np.float64)
-    for r in range(length):
-        src = x[r, c_lo:c_hi]
-        for j in range(w):
-            peak[j] = np.fmax(peak[j], src[j])
     for r in range(length):
         src = x[r, c_lo:c_hi]
         dst = out[r, c_lo:c_hi]
@@ -355,12 +363,8 @@ def log_softmax_columns(x: Any, out: Any, c_lo: int, c_hi: int) -> None:
     """
     length = x.shape[0]
     w = c_hi - c_lo
-    peak = np.full(w, -_INF, dtype=np.float32)
+    peak = _column_max(x, c_lo, c_hi)
     total = np.zeros(w, dtype=np.float64)
-    for r in range(length):
-        src = x[r, c_lo:c_hi]
-        for j in range(w):
-            peak[j] = np.fmax(peak[j], src[j])
     for r in range(length):
         src = x[r, c_lo:c_hi]
         for j in range(w):
