@@ -171,6 +171,14 @@ class BroadcastProblem(Problem):
         """Number of output elements."""
         return math.prod(self.shape)
 
+    @property
+    def out_strides(self) -> tuple[int, ...]:
+        """Element strides of the (row-major, contiguous) output over ``shape``."""
+        strides = [1] * len(self.shape)
+        for axis in range(len(self.shape) - 2, -1, -1):
+            strides[axis] = strides[axis + 1] * self.shape[axis + 1]
+        return tuple(strides)
+
 
 def broadcast_binary(
     lease: Lease,

@@ -293,8 +293,7 @@ class ElementwiseOps(CpuPlumbing):
 
     def _exec_broadcast_binary(self, p: v.BroadcastProblem) -> None:
         fn = _BINARY[p.op]
-        contiguous = [math.prod(p.shape[i + 1 :]) for i in range(len(p.shape))]
-        shape, (sa, sb, so) = simplify(p.shape, (p.a_strides, p.b_strides, contiguous))
+        shape, (sa, sb, so) = simplify(p.shape, (p.a_strides, p.b_strides, p.out_strides))
         a = strided_view(self._flat(p.a, p.dtype), 0, shape, sa)
         b = strided_view(self._flat(p.b, p.dtype), 0, shape, sb)
         out = strided_view(self._flat(p.out, p.dtype), 0, shape, so)

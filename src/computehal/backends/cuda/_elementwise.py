@@ -50,12 +50,7 @@ class ElementwiseOps(CudaCore):
         )  # fmt: skip
 
     def _exec_broadcast_binary(self, p: v.BroadcastProblem) -> None:
-        contiguous = [0] * len(p.shape)
-        step = 1
-        for axis in range(len(p.shape) - 1, -1, -1):
-            contiguous[axis] = step
-            step *= p.shape[axis]
-        dims, sets = collapse(p.shape, p.a_strides, p.b_strides, contiguous)
+        dims, sets = collapse(p.shape, p.a_strides, p.b_strides, p.out_strides)
         inner = dims[-1]
         sa, sb = sets[0], sets[1]
         unit, name = elementwise_unit(real_of(p.dtype.name)), f"broadcast_{p.op.value}"

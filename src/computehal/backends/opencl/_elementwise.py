@@ -62,12 +62,7 @@ class ElementwiseOps(OpenCLCore):
     def _exec_broadcast_binary(self, p: v.BroadcastProblem) -> None:
         size = p.dtype.itemsize
         a, b, y = self._at(p.a, size), self._at(p.b, size), self._at(p.out, size)
-        contiguous = [0] * len(p.shape)
-        step = 1
-        for axis in range(len(p.shape) - 1, -1, -1):
-            contiguous[axis] = step
-            step *= p.shape[axis]
-        dims, (_, sa, sb) = collapse(p.shape, contiguous, p.a_strides, p.b_strides)
+        dims, (_, sa, sb) = collapse(p.shape, p.out_strides, p.a_strides, p.b_strides)
         inner, run = dims[-1], self._run()
         outer = p.size // inner
         with self._lock:

@@ -62,12 +62,7 @@ def binary(gpu: Gpu, p: v.ElementwiseProblem) -> None:
 
 def broadcast_binary(gpu: Gpu, p: v.BroadcastProblem) -> None:
     """Run a validated broadcasting binary op (the output is contiguous)."""
-    out_strides: list[int] = []
-    step = 1
-    for extent in reversed(p.shape):
-        out_strides.insert(0, step)
-        step *= extent
-    shape, (a_strides, b_strides, _) = collapse(p.shape, p.a_strides, p.b_strides, out_strides)
+    shape, (a_strides, b_strides, _) = collapse(p.shape, p.a_strides, p.b_strides, p.out_strides)
     ba, bb, bo = gpu.bind("a_ptr", p.a), gpu.bind("b_ptr", p.b), gpu.bind("out_ptr", p.out)
     params = pack(
         *vec6(shape), *vec6(a_strides), *vec6(b_strides),
