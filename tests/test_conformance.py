@@ -2,16 +2,14 @@
 
 Test ids read ``<backend>-<op>-<case>``, e.g. ``cpu-gemm-NT-ld``. ``<backend>-offers-<op>-<dtype>``
 checks that an in-repository backend offers every operation in every dtype its device
-has. Cases listed for a backend in :mod:`conformance_pending` (features being written
-now) are strict expected failures: the day one passes, its entry must go. The second
-half checks that the kit itself has teeth: deliberately broken backends must fail the
+has; every case must pass on every backend (there is no list of expected failures). The
+second half checks that the kit itself has teeth: deliberately broken backends must fail the
 cases that target their bug; and that every operation of the contract has a
 definition and cases, NaN / infinity cases included.
 """
 
 from __future__ import annotations
 
-import fnmatch
 from typing import Any
 
 import numpy as np
@@ -20,8 +18,7 @@ import pytest
 from computehal import Capabilities, ComputeBackend, CpuBackend, ForwardingBackend, NullBackend
 from computehal.backend import ALL_OPS
 from computehal.testing import OPS, Case, conformance_cases, reference, run_case, run_conformance
-from conformance_pending import PENDING, is_pending
-from conftest import BACKEND_FACTORIES, live_count, runnable_backends, use_shared
+from conftest import live_count, runnable_backends, use_shared
 
 CASES = conformance_cases()
 #: Operations whose dtype is fixed (raw bytes; float32 buffers by definition).
@@ -29,21 +26,11 @@ FIXED_DTYPE = {"copy_dtod": ("uint8",), "gemm_mixed_precision": ("float32",)}
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
-def _pending(backend: str, test_id: str) -> list[pytest.MarkDecorator]:
-    if is_pending(backend, test_id):
-        return [pytest.mark.xfail(strict=True, reason=f"pending on {backend} (conformance_pending.py)")]
-    return []
-
-
 PARAMS = [
-    pytest.param(name, case, id=f"{name}-{case.id}", marks=_pending(name, case.id))
-    for name in sorted(runnable_backends())
-    for case in CASES
+    pytest.param(name, case, id=f"{name}-{case.id}") for name in sorted(runnable_backends()) for case in CASES
 ]
 OFFER_PARAMS = [
-    pytest.param(
-        name, op, dtype, id=f"{name}-offers-{op}-{dtype}", marks=_pending(name, f"offers-{op}-{dtype}")
-    )
+    pytest.param(name, op, dtype, id=f"{name}-offers-{op}-{dtype}")
     for name in sorted(runnable_backends())
     for op in ALL_OPS
     for dtype in FIXED_DTYPE.get(op, FLOAT_DTYPES)
@@ -114,21 +101,6 @@ def test_every_public_compute_method_has_definition_and_cases() -> None:
         ):
             missing.append(f"{op}: not tried in every dtype")
     assert not missing, "; ".join(missing)
-
-
-def test_pending_entries_name_real_cases() -> None:
-    """Every pattern of conformance_pending.py matches at least one test of its backend."""
-    ids = [c.id for c in CASES] + [
-        f"offers-{op}-{dt}" for op in ALL_OPS for dt in FIXED_DTYPE.get(op, FLOAT_DTYPES)
-    ]
-    stale = [
-        f"{backend}: {pattern}"
-        for backend, patterns in PENDING.items()
-        for pattern in patterns
-        if not any(fnmatch.fnmatchcase(i, pattern) for i in ids)
-    ]
-    assert not stale, stale
-    assert set(PENDING) <= set(BACKEND_FACTORIES)
 
 
 def test_required_coverage_present() -> None:

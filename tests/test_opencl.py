@@ -609,12 +609,11 @@ def test_conformance_kit_in_the_other_kernel_profile() -> None:
     _require_device()
     from computehal.backends.opencl._device import profile_of
     from computehal.testing import run_conformance
-    from conformance_pending import unexpected_failures
 
     other = "gpu" if profile_of(list_devices()[0]) == "cpu" else "cpu"
     with OpenCLBackend(kernel_profile=other) as backend:
         report = run_conformance(backend)
-    assert not unexpected_failures("opencl", report), report.summary()
+    assert report.passed, report.summary()
 
 
 def _op(stored: np.ndarray[Any, Any], trans: str, rows: int, cols: int) -> np.ndarray[Any, Any]:
