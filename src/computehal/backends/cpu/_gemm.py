@@ -49,7 +49,13 @@ def split_gemm(p: v.GemmProblem) -> None:
     """
     a, b, c = p.a.ptr, p.b.ptr, p.c.ptr
     macs = p.m * p.n * max(1, p.k)
-    if workers() == 1 or macs < SPLIT_MACS or p.empty or p.product_skipped:
+    if p.empty or p.product_skipped or (macs < SPLIT_MACS and p.m > 1 and p.n > 1):
+        # Nothing to thread: OpenBLAS runs GEMMs this small on the calling thread itself,
+        # so the process-wide limit (and its cost) is not taken.
+        run_gemm(p, a, b, c)
+        return
+    if workers() == 1 or macs < SPLIT_MACS:
+        # Small GEMVs (OpenBLAS threads them from far fewer multiply-adds than GEMMs).
         with single_threaded_blas():
             run_gemm(p, a, b, c)
         return
