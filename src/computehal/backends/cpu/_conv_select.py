@@ -25,8 +25,11 @@ with ``computehal bench`` (ratios in the module docstrings of each algorithm):
   are built once and the threads split the GEMM by output channels instead of reading
   the whole filter matrix each (CPU time against a one-thread sgemm, 512 channels at
   7x7, batch 8: 0.70 vs 0.61 by pixel blocks; F(2x2, 3x3) 0.62, its 16 C K transformed
-  filter written and read back every call; per-tap GEMMs 0.26). A bias is one more
-  column of the filter matrix.
+  filter written and read back every call; per-tap GEMMs 0.26). A bias is written
+  into the output before the GEMM adds to it (the stem's small filter is instead copied
+  with the bias as one more column): copying the 512-channel filter for its bias was a
+  fifth of that layer's time at batch 1 (CPU time on one core 4.1-5.1 ms, 3.5 ms
+  without the copy; the strided 512-channel 3x3 layer at 14x14 alike).
 
 What still limits the rows that miss 0.8 of sgemm is the BLAS, not the split: OpenBLAS
 runs ResNet's 256 -> 64 1x1 product (64 x 256 x 3136 per image) at 0.55-0.6 of its
