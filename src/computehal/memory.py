@@ -236,6 +236,44 @@ class Lease:
             lock.release()
         return _region(Region, (allocation, offset, nbytes))
 
+    def resolve_pair(
+        self, name_a: str, ptr_a: object, name_b: str, ptr_b: object, nbytes: int, align: int = 1
+    ) -> tuple[Region, Region]:
+        """:meth:`resolve` of two operands of ``nbytes`` each, as ``resolve(a)`` then ``resolve(b)``.
+
+        The common case (plain aligned ints at the start of live allocations, long
+        enough) takes the table's lock once; anything else goes through :meth:`resolve`
+        one operand after the other, with its errors.
+        """
+        if type(ptr_a) is int and type(ptr_b) is int and not (ptr_a % align or ptr_b % align):
+            table = self._table
+            lock = table._lock
+            lock.acquire()
+            try:
+                by_base = table._by_base
+                first = by_base.get(ptr_a)
+                second = by_base.get(ptr_b)
+                if (
+                    first is not None
+                    and second is not None
+                    and not table._closed
+                    and nbytes <= first.size
+                    and nbytes <= second.size
+                ):
+                    pinned = self._pinned
+                    if not pinned:
+                        table._leases += 1
+                        self._owner = owner = get_ident()
+                        _RUNNING.append(owner)
+                    first.pins += 1
+                    second.pins += 1
+                    pinned.append(first)
+                    pinned.append(second)
+                    return _region(Region, (first, 0, nbytes)), _region(Region, (second, 0, nbytes))
+            finally:
+                lock.release()
+        return self.resolve(name_a, ptr_a, nbytes, align), self.resolve(name_b, ptr_b, nbytes, align)
+
     def pin(self, allocation: Allocation) -> None:
         """Pin an allocation found otherwise (a backend's scratch, say) until the lease ends."""
         with self._table._lock:

@@ -57,6 +57,14 @@ class ElementwiseProblem(Problem):
         """True when there are no elements."""
         return self.n == 0
 
+    def overlapping(self) -> bool:
+        """:meth:`Problem.overlapping`, with the common case (operands in different
+        allocations) decided without the general loop (it runs on every call)."""
+        out = self.out.allocation
+        if self.a.allocation is not out and (self.b is None or self.b.allocation is not out):
+            return False
+        return super().overlapping()
+
 
 def _param(op: UnaryOp, owner: UnaryOp, name: str, value: object, default: float) -> float:
     if value is None:
@@ -100,8 +108,7 @@ def unary(
     src = input_ptr if type(input_ptr) is int else as_pointer("input_ptr", input_ptr)
     dst = output_ptr if type(output_ptr) is int else as_pointer("output_ptr", output_ptr)
     size = dt.itemsize
-    a = lease.resolve("input_ptr", src, count * size, size)
-    out = lease.resolve("output_ptr", dst, count * size, size)
+    a, out = lease.resolve_pair("input_ptr", src, "output_ptr", dst, count * size, size)
     return ElementwiseProblem(uop, count, a, None, out, dt, al, low, high)
 
 
