@@ -429,6 +429,31 @@ def test_lrn_float32_kernel() -> None:
             np.testing.assert_allclose(out, want, rtol=16 * 2.0**-23, atol=0)
 
 
+@pytest.mark.parametrize("width", [200, 80, 16])
+def test_lrn_vector_kernel(width: int) -> None:
+    """The 16-pixel x 8-channel vector LRN: full and partial channel groups, pixel tails, pieces;
+    t out of range (0, inf, NaN) and the running sum's cancellation go to the exact path."""
+    import computehal.backends.cpu._klrn as L
+    from computehal.testing.reference import lrn
+
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((2, 13, 200)) * 3).astype(F32)
+    x[0, :, 7] = 0.0
+    x[0, 4, 9] = np.nan
+    x[1, 3, 11] = np.inf
+    x[1, 5, 40:60] = 3e3  # a huge channel leaving the running sums of the small ones after it
+    x[1, 6:, 40:60] *= 1e-3
+    pieces = 2 * -(-200 // width)
+    configs = ((1e-4, 2.0, 5), (1.0, 1e-3, 3), (1e-4, 0.0, 4), (2.0, 1e-8, 9), (-1e-3, 1e3, 5), (0.5, 1.0, 1))
+    for alpha, bias, size in configs:
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            want = lrn(x.astype(F64), size, alpha, 0.75, bias)
+        out = np.full_like(x, 7.0)
+        L.lrn_pieces(x, out, 0, pieces, width, size, alpha, bias)
+        np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
+        np.testing.assert_allclose(out, want, rtol=16 * 2.0**-23, atol=0)
+
+
 def test_lrn_float32_running_sum_cancellation() -> None:
     """Large squares leaving the running channel-window sum: small windows after them keep full accuracy."""
     import computehal.backends.cpu._knorm as N

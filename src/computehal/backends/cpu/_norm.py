@@ -1,9 +1,11 @@
 """Normalisation on the CPU: layer and RMS norm over rows, batch norm and LRN over channels.
 
 The compiled kernels of :mod:`._knorm` read each row or channel plane once (and write
-outputs far larger than the caches with non-temporal stores); where
-numba is unusable, NumPy computes the same formulas on cache-sized blocks. Rows and
-planes split over the worker threads.
+outputs far larger than the caches with non-temporal stores); float32 LRN with
+``beta = 0.75`` and an output that fits the caches runs :mod:`._klrn`'s vector kernel
+(16 pixels through 8 channels at a time in registers). Where numba is unusable, NumPy
+computes the same formulas on cache-sized blocks. Rows and planes split over the
+worker threads.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from typing import Any
 import numpy as np
 
 from ... import validation as v
+from .._common import ceil_div, round_up
 from ._plumbing import CpuPlumbing, FloatArray
-from ._runtime import PARALLEL_THRESHOLD, kernels, parallel_ranges
+from ._runtime import PARALLEL_THRESHOLD, kernels, parallel_ranges, workers
 
 __all__ = ["NormOps"]
 
@@ -23,6 +26,8 @@ NORM_BLOCK = 1 << 15
 #: Columns a piece of the float32 LRN kernel with a running window sum (a few channel rows
 #: of this width are in use at a time, whatever the channel count).
 LRN_WIDTH = 2048
+#: The narrowest piece of a channel plane the vector LRN kernel is given.
+LRN_MIN_WIDTH = 512
 #: Outputs from this many bytes on are written with non-temporal stores (far beyond L2).
 STREAM_BYTES = 8 << 20
 
@@ -117,9 +122,22 @@ class NormOps(CpuPlumbing):
         x = self._array(p.input, (p.n, p.c, p.spatial), p.dtype)
         out = self._array(p.output, (p.n, p.c, p.spatial), p.dtype)
         compiled = kernels("_knorm")
-        # float32 with ONNX's default beta: the kernel without divisions or square roots.
+        # float32 with ONNX's default beta: the kernels without divisions or square roots.
         fast = compiled is not None and p.dtype == np.float32 and p.beta == 0.75
         stream = out.nbytes >= STREAM_BYTES
+        lanes = kernels("_klrn") if fast and not stream else None
+        if lanes is not None:
+            # Whole channel planes, split only where there are too few images for the threads.
+            split = max(1, min(ceil_div(2 * workers(), p.n), p.spatial // LRN_MIN_WIDTH))
+            per_piece = round_up(ceil_div(p.spatial, split), lanes.LANES)
+            count = p.n * ceil_div(p.spatial, per_piece)
+            grain = max(1, PARALLEL_THRESHOLD // (p.c * per_piece))
+
+            def run_lanes(start: int, stop: int) -> None:
+                lanes.lrn_pieces(x, out, start, stop, per_piece, p.size, p.alpha, p.bias)
+
+            parallel_ranges(count, run_lanes, grain=grain)
+            return
         width = LRN_WIDTH if fast and not stream else max(1, NORM_BLOCK // max(1, p.c))
         pieces = [(i, s0) for i in range(p.n) for s0 in range(0, p.spatial, width)]
 
