@@ -489,3 +489,31 @@ def test_thread_scratch_keeps_small_arrays_only() -> None:
     big = KEEP_BYTES // 4 + 1
     first, second = thread_scratch("test-big", big), thread_scratch("test-big", big)
     assert first is not second and first.size == big  # above the cap: per call, not held
+
+
+@pytest.mark.parametrize(
+    "rows, depth, width, block", [(9, 3, 37, 32), (16, 64, 100, 64), (7, 1, 5, 32), (24, 20, 64, 32)]
+)
+def test_compiled_product_matches_float64_and_stays_inside(
+    rows: int, depth: int, width: int, block: int
+) -> None:
+    """The compiled convolution product: y = f @ x + bias on strided rows, nothing else written."""
+    from computehal.backends.cpu._runtime import kernels
+
+    compiled = kernels("_kgemm")
+    if compiled is None:
+        pytest.skip("numba kernels unavailable")
+    rng = np.random.default_rng(17)
+    f_ld, x_ld, y_ld = depth + 3, width + 5, width + 7
+    f = rng.standard_normal(rows * f_ld).astype(np.float32)
+    x = rng.standard_normal(depth * x_ld).astype(np.float32)
+    bias = rng.standard_normal(rows).astype(np.float32)
+    y = np.full(rows * y_ld + 40, np.nan, dtype=np.float32)
+    compiled.product(f, f_ld, x, x_ld, bias, y, y_ld, rows, depth, width, block)
+    fm = f.reshape(rows, f_ld)[:, :depth].astype(np.float64)
+    xm = x.reshape(depth, x_ld)[:, :width].astype(np.float64)
+    want = fm @ xm + bias[:, None]
+    mag = np.abs(fm) @ np.abs(xm) + np.abs(bias)[:, None]
+    got = y[: rows * y_ld].reshape(rows, y_ld)
+    assert np.all(np.abs(got[:, :width] - want) <= 2 * (depth + 2) * np.finfo(np.float32).eps * mag)
+    assert np.isnan(got[:, width:]).all() and np.isnan(y[rows * y_ld :]).all()
