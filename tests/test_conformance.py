@@ -310,6 +310,29 @@ class _IgnoresBias(_Mutant):
         self.inner.conv2d_forward(*args, **kwargs)
 
 
+class _IgnoresResidual(_Mutant):
+    """Forward convolution that drops the epilogue's residual."""
+
+    def conv2d_forward(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        kwargs.pop("residual_ptr", None)
+        self.inner.conv2d_forward(*args, **kwargs)
+
+
+class _ActivationBeforeBias(_Mutant):
+    """Forward convolution that applies the activation before adding the bias."""
+
+    def conv2d_forward(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        bias = kwargs.pop("bias_ptr", None)
+        if bias is None or kwargs.get("activation") is None:
+            self.inner.conv2d_forward(*args, bias_ptr=bias, **kwargs)
+            return
+        self.inner.conv2d_forward(*args, **kwargs)
+        y_ptr, (n, k, oh, ow) = args[4], args[5]
+        y = self._floats(y_ptr, n * k * oh * ow).reshape(n, k, oh * ow)
+        y += self._floats(bias, k)[None, :, None]
+        self.inner.copy_htod(y_ptr, y)
+
+
 class _CastTruncates(_Mutant):
     """float32 -> bfloat16 by dropping the low 16 bits instead of rounding to nearest even."""
 
@@ -345,6 +368,8 @@ class _MultipliesPadding(_Mutant):
         (_IgnoresMask, "attention", "attention-mask-full"),
         (_IgnoresLog, "softmax", "softmax-log-axis1"),
         (_IgnoresBias, "conv2d_forward", "conv2d_forward-bias"),
+        (_IgnoresResidual, "conv2d_forward", "conv2d_forward-epilogue-residual-disjoint"),
+        (_ActivationBeforeBias, "conv2d_forward", "conv2d_forward-epilogue-disjoint-relu"),
         (_CastTruncates, "cast", "cast-f32-to-bf16"),
         (_MultipliesPadding, "conv2d_backward_data", "conv2d_backward_data-nan-tap-2x2-f32"),
     ],

@@ -479,6 +479,8 @@ class ComputeBackend(abc.ABC):
         groups: int = 1,
         dilation: Shape = (1, 1),
         bias_ptr: int | None = None,
+        residual_ptr: int | None = None,
+        activation: UnaryOp | str | None = None,
     ) -> None:
         """2-D convolution (cross-correlation, no filter flip); overwrites the output.
 
@@ -505,6 +507,15 @@ class ComputeBackend(abc.ABC):
             Extension. Spacing between filter taps (>= 1).
         bias_ptr : int, optional, keyword-only
             Extension. K values added to each output channel.
+        residual_ptr : int, optional, keyword-only
+            Extension (fused epilogue). A tensor of the output's shape and dtype added to
+            the convolution (after the bias). It may be exactly the output range (the
+            result accumulates in place); any other overlap with the output behaves as
+            if it were read before the output is written.
+        activation : UnaryOp, optional, keyword-only
+            Extension (fused epilogue). A parameter-free :class:`UnaryOp` (RELU,
+            SIGMOID, TANH, GELU, SILU, ...) applied last, exactly as :meth:`unary`
+            defines it; the parametrised LEAKY_RELU and CLIP are refused.
 
         Notes
         -----
@@ -513,13 +524,21 @@ class ComputeBackend(abc.ABC):
         infinity in the input or the filter reaches exactly the outputs whose window
         reads it.
 
+        With the epilogue (a computehal extension, like cuDNN's
+        ``ConvolutionBiasActivationForward``), the output is
+        ``activation((conv(x, w) + bias) + residual)``: the residual addition and the
+        activation are :meth:`binary` ADD and :meth:`unary` element by element, so
+        NaN and infinity follow their definitions (RELU maps NaN to 0, for example).
+        Neither, both or one of them may be given.
+
         Raises
         ------
         InvalidArgumentError
             Shape lists of the wrong length, disagreeing channels / batch / K, groups
             that do not divide C and K, an output shape that differs from the formula,
-            stride or dilation < 1, a padded input smaller than the dilated filter, or
-            operand ranges outside their allocations.
+            stride or dilation < 1, a padded input smaller than the dilated filter,
+            operand ranges outside their allocations (the residual's included), or an
+            activation that is not a parameter-free :class:`UnaryOp`.
         """
 
     def conv2d_backward_data(

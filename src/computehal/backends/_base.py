@@ -50,7 +50,7 @@ from ..errors import (
     UnsupportedError,
 )
 from ..memory import Allocation, AllocationInfo, Lease, PointerTable, Region, as_count, as_pointer
-from ..types import Capabilities, TileShape
+from ..types import BinaryOp, Capabilities, TileShape
 
 __all__ = ["TableBackend", "guarded"]
 
@@ -154,10 +154,15 @@ class TableBackend(ComputeBackend):
     handles_aliasing : frozenset of str
         Operations whose hooks cope with any overlap of inputs and outputs themselves,
         so the base does not copy inputs aside for them.
+    fuses_conv_epilogue : bool
+        True when ``_exec_conv2d_forward`` applies the residual and the activation of
+        the convolution epilogue itself; otherwise the base runs the hook on the bare
+        convolution and then the backend's own ``binary`` / ``unary`` hooks.
     """
 
     kind: ClassVar[str] = "cpu"
     handles_aliasing: ClassVar[frozenset[str]] = frozenset()
+    fuses_conv_epilogue: ClassVar[bool] = False
 
     def __init__(self, device: int = 0) -> None:
         self._device_ordinal = as_count("device", device)
@@ -409,7 +414,10 @@ class TableBackend(ComputeBackend):
         """(dtypes the hook of ``op`` takes natively, the hook), cached until the next ``init``."""
         if self._dtype_cache is None:
             self.op_dtypes()
-        plan = (self._native_cache.get(op, frozenset()), getattr(type(self), "_exec_" + op))
+        hook = getattr(type(self), "_exec_" + op)
+        if op == "conv2d_forward" and not self.fuses_conv_epilogue:
+            hook = TableBackend._conv_forward_with_epilogue
+        plan = (self._native_cache.get(op, frozenset()), hook)
         self._plans[op] = plan
         return plan
 
@@ -433,7 +441,7 @@ class TableBackend(ComputeBackend):
             for out in outputs:
                 if out is None or not region.overlaps(out):
                     continue
-                if p.ALIAS_IDENTICAL_OK and region == out:
+                if name in p.IDENTICAL_OK and region == out:
                     continue
                 copy = self._scratch_range(region.nbytes)
                 held.append(copy)
@@ -461,6 +469,34 @@ class TableBackend(ComputeBackend):
             self._dispatch(op, p.retyped(F32, changes))
             for wide, region, count in back:
                 self._exec_cast(v.CastProblem(count, wide, region, F32, p.dtype))
+
+    def _conv_forward_with_epilogue(self, p: v.ConvForwardProblem) -> None:
+        """``conv2d_forward`` on a backend without a fused epilogue: the convolution, then
+        the residual (``binary`` ADD) and the activation (``unary``), all on the device.
+
+        A residual that is the output itself has the convolution written to scratch first.
+        """
+        if not p.has_epilogue:
+            self._exec_conv2d_forward(p)
+            return
+        conv = replace(p, residual=None, activation=None)
+        with self._scratches() as held:
+            if p.residual is not None and p.residual == p.y:
+                acc = self._scratch_range(p.y.nbytes)
+                held.append(acc)
+                conv = replace(conv, y=acc)
+            if conv.c == 0 and conv.bias is None:
+                self._exec_fill(v.FillProblem(conv.y, conv.y.nbytes // p.dtype.itemsize, 0.0, p.dtype))
+            else:
+                self._exec_conv2d_forward(conv)
+            count = p.y.nbytes // p.dtype.itemsize
+            result = conv.y
+            if p.residual is not None:
+                add = v.ElementwiseProblem(BinaryOp.ADD, count, result, p.residual, p.y, p.dtype)
+                self._dispatch("binary", add)
+                result = p.y
+            if p.activation is not None:
+                self._dispatch("unary", v.ElementwiseProblem(p.activation, count, result, None, p.y, p.dtype))
 
     # ------------------------------------------------------------------ operation hooks
 

@@ -146,6 +146,27 @@ def _conv_spec(ws: Workspace, method: str) -> CallSpec:
             ("bias-misaligned", {"bias_ptr": short_block(ws, 20, "bias+2") + 2}, InvalidArgumentError),
             ("bias-zero", {"bias_ptr": 0}, InvalidArgumentError),
             ("bias-str", {"bias_ptr": "0x1000"}, InvalidArgumentError),
+            # the fused epilogue: the residual has the output's size (96 floats, 384 bytes)
+            (
+                "residual-short",
+                {"residual_ptr": short_block(ws, 380, "short residual")},
+                InvalidArgumentError,
+            ),
+            (
+                "residual-freed",
+                {"residual_ptr": freed_block(ws, 384, "freed residual")},
+                InvalidArgumentError,
+            ),
+            (
+                "residual-misaligned",
+                {"residual_ptr": short_block(ws, 386, "residual+2") + 2},
+                InvalidArgumentError,
+            ),
+            ("residual-zero", {"residual_ptr": 0}, InvalidArgumentError),
+            ("activation-leaky-relu", {"activation": "leaky_relu"}, InvalidArgumentError),
+            ("activation-clip", {"activation": "clip"}, InvalidArgumentError),
+            ("activation-unknown", {"activation": "swish"}, InvalidArgumentError),
+            ("activation-int", {"activation": 3}, InvalidArgumentError),
         ]
     return spec
 

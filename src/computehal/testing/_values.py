@@ -12,6 +12,7 @@ from ._cases_attention import attention_cases
 from ._cases_axis import axis_cases
 from ._cases_blas import blas_cases
 from ._cases_conv import conv_cases
+from ._cases_conv_epilogue import conv_epilogue_cases
 from ._cases_elementwise import elementwise_cases
 from ._cases_mixed import mixed_cases
 from ._cases_movement import movement_cases
@@ -28,6 +29,7 @@ def value_cases() -> list[Case]:
         blas_cases()
         + mixed_cases()
         + conv_cases()
+        + conv_epilogue_cases()
         + pool_cases()
         + attention_cases()
         + axis_cases()

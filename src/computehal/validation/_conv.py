@@ -8,7 +8,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError
 from ..memory import Lease, Region, as_count, as_pointer, ceil_div
-from ..types import PoolOp, coerce_enum
+from ..types import PoolOp, UnaryOp, coerce_enum
 from ._core import INDEX_MAX, Operand, Problem, Role, as_flag, as_shape, float_dtype, record
 
 __all__ = [
@@ -109,18 +109,33 @@ class ConvProblem(Problem):
 
 @record
 class ConvForwardProblem(ConvProblem):
-    """``conv2d_forward``: reads ``x``, ``f`` (and ``bias``), overwrites ``y``."""
+    """``conv2d_forward``: reads ``x``, ``f`` (and ``bias``, ``residual``), overwrites ``y``.
+
+    The epilogue: ``y = activation(conv + bias + residual)`` (each part optional);
+    ``residual`` may be exactly ``y`` (accumulate in place).
+    """
 
     OPERANDS: ClassVar[tuple[Operand, ...]] = (
         Operand("x", Role.IN),
         Operand("f", Role.IN),
         Operand("bias", Role.IN),
+        Operand("residual", Role.IN),
         Operand("y", Role.OUT),
     )
+    IDENTICAL_OK: ClassVar[frozenset[str]] = frozenset({"residual"})
+
+    residual: Region | None = None
+    activation: UnaryOp | None = None
+
+    @property
+    def has_epilogue(self) -> bool:
+        """True when a residual or an activation follows the convolution."""
+        return self.residual is not None or self.activation is not None
 
     def constant_output(self) -> tuple[Region, float] | None:
-        """No input channel and no bias: the output is zero."""
-        return (self.y, 0.0) if self.c == 0 and self.bias is None else None
+        """No input channel, no bias and no epilogue: the output is zero."""
+        plain = self.bias is None and self.residual is None and self.activation is None
+        return (self.y, 0.0) if self.c == 0 and plain else None
 
 
 @record
@@ -172,8 +187,12 @@ def _conv(
     groups: object,
     dilation: object,
     bias_ptr: object = None,
+    epilogue: tuple[object, object] = (None, None),
 ) -> ConvProblem:
-    """Validate a conv2d call given (name, pointer, shape) of input, filter and output."""
+    """Validate a conv2d call given (name, pointer, shape) of input, filter and output.
+
+    ``epilogue`` is the forward pass's (residual pointer, activation).
+    """
     dt = float_dtype(dtype)
     x_name, x_ptr, x_shape = x_arg
     f_name, f_ptr, f_shape = f_arg
@@ -187,6 +206,8 @@ def _conv(
     g = as_count("groups", groups)
     pointers = {name: as_pointer(name, p) for name, p in ((x_name, x_ptr), (f_name, f_ptr), (y_name, y_ptr))}
     bias = None if bias_ptr is None else as_pointer("bias_ptr", bias_ptr)
+    residual = None if epilogue[0] is None else as_pointer("residual_ptr", epilogue[0])
+    activation = _activation(epilogue[1])
     if g < 1:
         raise InvalidArgumentError(f"groups must be >= 1, got {g}")
     if c % g or k % g:
@@ -224,8 +245,25 @@ def _conv(
     f = lease.resolve(f_name, pointers[f_name], k * fc * fh * fw * size, align=size)
     y = lease.resolve(y_name, pointers[y_name], n * k * oh * ow * size, align=size)
     b = None if bias is None else lease.resolve("bias_ptr", bias, k * size, align=size)
+    if kind == "forward":
+        r = None if residual is None else lease.resolve("residual_ptr", residual, y.nbytes, align=size)
+        fields = (n, c, h, w, k, fh, fw, oh, ow, sh, sw, pt, pl, x, f, y, dt, g, dh, dw, pb, pr, b)
+        return ConvForwardProblem(*fields, r, activation)
     cls = _CONV_KINDS[kind]
     return cls(n, c, h, w, k, fh, fw, oh, ow, sh, sw, pt, pl, x, f, y, dt, g, dh, dw, pb, pr, b)
+
+
+def _activation(value: object) -> UnaryOp | None:
+    """The epilogue's activation: None or a parameter-free :class:`UnaryOp`."""
+    if value is None:
+        return None
+    op = coerce_enum(UnaryOp, value, "activation")
+    if op in (UnaryOp.LEAKY_RELU, UnaryOp.CLIP):
+        raise InvalidArgumentError(
+            f"activation {op.value} takes parameters; the convolution epilogue takes parameter-free "
+            "unary ops only (run unary after the convolution instead)"
+        )
+    return op
 
 
 def conv2d_forward(
@@ -243,6 +281,8 @@ def conv2d_forward(
     groups: object = 1,
     dilation: object = (1, 1),
     bias_ptr: object = None,
+    residual_ptr: object = None,
+    activation: object = None,
 ) -> ConvProblem:
     """Validate ``conv2d_forward``."""
     return _conv(
@@ -257,6 +297,7 @@ def conv2d_forward(
         groups,
         dilation,
         bias_ptr,
+        (residual_ptr, activation),
     )
 
 

@@ -116,11 +116,15 @@ class Problem:
     the shared dispatcher of :class:`~computehal.backends._base.TableBackend` uses it to
     copy an input aside when an output overlaps it, and to run 16-bit storage types
     through float32. ``ALIAS_IDENTICAL_OK`` says that an input may be the very same
-    region as an output (element-wise ops), which kernels handle in place.
+    region as an output (element-wise ops), which kernels handle in place;
+    ``IDENTICAL_OK`` names the inputs for which that holds.
     """
 
     OPERANDS: ClassVar[tuple[Operand, ...]] = ()
     ALIAS_IDENTICAL_OK: ClassVar[bool] = False
+    #: Inputs that may be the very same region as an output (every input when
+    #: ``ALIAS_IDENTICAL_OK``; a convolution's residual, which accumulates in place).
+    IDENTICAL_OK: ClassVar[frozenset[str]] = frozenset()
     #: Fields of the read-only operands and of the written ones (derived from OPERANDS).
     INPUTS: ClassVar[tuple[str, ...]] = ()
     OUTPUTS: ClassVar[tuple[str, ...]] = ()
@@ -135,6 +139,8 @@ class Problem:
         cls.OUTPUTS = tuple(o.field for o in cls.OPERANDS if o.role is not Role.IN)
         cls.PAIRS = tuple((i, o) for i in cls.INPUTS for o in cls.OUTPUTS)
         cls.CONSTANT_OUTPUT = cls.constant_output is not Problem.constant_output
+        if cls.ALIAS_IDENTICAL_OK:
+            cls.IDENTICAL_OK = frozenset(cls.INPUTS)
 
     if TYPE_CHECKING:  # every subclass declares the field (a base field would come first)
 
@@ -160,7 +166,7 @@ class Problem:
             out = fields[out_name]
             if region is None or out is None or out.allocation is not region.allocation:
                 continue  # the common case: different allocations
-            if region.overlaps(out) and not (self.ALIAS_IDENTICAL_OK and region == out):
+            if region.overlaps(out) and not (in_name in self.IDENTICAL_OK and region == out):
                 return True
         return False
 

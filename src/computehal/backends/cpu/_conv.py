@@ -24,6 +24,7 @@ import numpy as np
 from ... import validation as v
 from ._blas import gemm_at
 from ._conv_algorithms import Geometry, col2im, conv_s1, conv_s1_filter_grad, im2col
+from ._conv_epilogue import apply_epilogue
 from ._conv_exact import backward_data, backward_filter, forward
 from ._conv_select import fast_backward_data, fast_backward_filter, fast_forward
 from ._plumbing import CpuPlumbing, FloatArray
@@ -63,9 +64,29 @@ class ConvOps(CpuPlumbing):
 
     # ------------------------------------------------------------------ forward
 
+    #: The residual and the activation run in this backend's own pass (:mod:`._conv_epilogue`).
+    fuses_conv_epilogue = True
+
     def _exec_conv2d_forward(self, p: v.ConvProblem) -> None:
         x, f, y = self._operands(p)
         bias = None if p.bias is None else self._flat(p.bias, p.dtype)
+        if not isinstance(p, v.ConvForwardProblem) or not p.has_epilogue:
+            self._forward_into(p, x, f, y, bias)
+            return
+        if p.residual is not None and p.residual == p.y:
+            # Accumulate in place: the convolution goes to scratch, then y = act(y + conv).
+            conv = np.empty_like(y)
+            self._forward_into(p, x, f, conv, bias)
+            apply_epilogue(y.reshape(-1), conv.reshape(-1), p)
+            return
+        self._forward_into(p, x, f, y, bias)
+        residual = None if p.residual is None else self._flat(p.residual, p.dtype)
+        apply_epilogue(y.reshape(-1), residual, p)
+
+    def _forward_into(
+        self, p: v.ConvProblem, x: FloatArray, f: FloatArray, y: FloatArray, bias: FloatArray | None
+    ) -> None:
+        """``y`` = the convolution of ``x`` and ``f`` plus ``bias`` (``y`` may be scratch)."""
         if p.c == 0:
             y[...] = bias[None, :, None, None] if bias is not None else 0
             return

@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import numpy.typing as npt
 
+from ._elementwise import unary
 from ._rounding import F64Array
 
 __all__ = [
@@ -121,12 +122,16 @@ def conv2d_forward(
     groups: int = 1,
     dilation: Pair = (1, 1),
     bias: npt.ArrayLike | None = None,
+    residual: npt.ArrayLike | None = None,
+    activation: str | None = None,
 ) -> F64Array:
     """Grouped, dilated cross-correlation with zero padding that is never multiplied.
 
     ``y[n, k, i, j] = bias[k] + sum over taps (r, s) landing inside the input and over
     the ``C / groups`` channels ``c`` of group ``k // (K / groups)`` of
     ``x[n, c, i*sh - top + r*dh, j*sw - left + s*dw] * f[k, c - group start, r, s]``.
+    The epilogue then adds ``residual`` (the output's shape) and applies the unary
+    ``activation`` (:func:`unary`'s definition): ``activation(y + residual)``.
     """
     x64, f64 = _f64(x), _f64(f)
     y = np.zeros(conv2d_output_shape(x64.shape, f64.shape, stride, padding, dilation))
@@ -138,7 +143,9 @@ def conv2d_forward(
             y[:, ks, oi, oj] += np.einsum("ncij,kc->nkij", patch, f64[ks, :, r, s])
         if bias is not None:
             y += _f64(bias)[None, :, None, None]
-    return y
+        if residual is not None:
+            y = y + _f64(residual)
+    return y if activation is None else unary(activation, y)
 
 
 def conv2d_backward_data(
