@@ -16,7 +16,8 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from computehal.onnx import InferenceSession  # noqa: E402
-from computehal.onnx._fuse import MATMUL_ADD, PACKED_ATTENTION  # noqa: E402
+from computehal.onnx._fuse import FUSED_CONV, MATMUL_ADD, PACKED_ATTENTION  # noqa: E402
+from computehal.testing import reference  # noqa: E402
 
 F = TensorProto.FLOAT
 RNG = np.random.default_rng(7)
@@ -263,3 +264,46 @@ def test_bias_that_broadcasts_over_rows_is_not_fused() -> None:
     (y,), ops = _run(model, {"x": x})
     assert MATMUL_ADD not in ops
     np.testing.assert_allclose(y, x @ w + c, rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- Conv epilogue
+
+_CONV_TAILS: dict[str, tuple[list[Any], list[str]]] = {
+    "relu": ([_n("Relu", ["c"], "y")], ["FUSED"]),
+    "add-relu": ([_n("Add", ["c", "r"], "a"), _n("Relu", ["a"], "y")], ["FUSED"]),
+    "residual-first-sum-relu": ([_n("Sum", ["r", "c"], "a"), _n("Relu", ["a"], "y")], ["FUSED"]),
+    "add": ([_n("Add", ["r", "c"], "y")], ["FUSED"]),
+    # The conv output is also read by the Mul: nothing may disappear.
+    "shared": (
+        [_n("Add", ["c", "r"], "a"), _n("Mul", ["c", "a"], "m"), _n("Relu", ["m"], "y")],
+        ["Conv", "Add", "Mul", "Relu"],
+    ),
+    # A broadcast Add (a bias-like [K, 1, 1] constant) is no residual: only the Relu after it.
+    "broadcast-add": ([_n("Add", ["c", "k"], "a"), _n("Relu", ["a"], "y")], ["Conv", "Add", "Relu"]),
+}
+
+
+@pytest.mark.parametrize("tail", sorted(_CONV_TAILS))
+@pytest.mark.parametrize("bias", [False, True])
+def test_conv_epilogue_fuses_add_and_relu(tail: str, bias: bool) -> None:
+    nodes, want_ops = _CONV_TAILS[tail]
+    conv = _n("Conv", ["x", "w", "b"] if bias else ["x", "w"], "c", pads=[1, 1, 1, 1])
+    x = RNG.standard_normal((2, 3, 6, 5)).astype(np.float32)
+    r = RNG.standard_normal((2, 4, 6, 5)).astype(np.float32)
+    inits = {"w": RNG.standard_normal((4, 3, 3, 3)).astype(np.float32)}
+    inits["k"] = RNG.standard_normal((4, 1, 1)).astype(np.float32)
+    if bias:
+        inits["b"] = RNG.standard_normal(4).astype(np.float32)
+    inputs = [helper.make_tensor_value_info(n, F, list(a.shape)) for n, a in (("x", x), ("r", r))]
+    (y,), ops = _run(_model([conv, *nodes], inputs, ["y"], inits), {"x": x, "r": r})
+    assert ops == [FUSED_CONV if op == "FUSED" else op for op in want_ops]
+    c = reference.conv2d_forward(x, inits["w"], (1, 1), (1, 1), bias=inits.get("b"))
+    want = {
+        "relu": np.maximum(c, 0),
+        "add-relu": np.maximum(c + r, 0),
+        "residual-first-sum-relu": np.maximum(c + r, 0),
+        "add": c + r,
+        "shared": np.maximum(c * (c + r), 0),
+        "broadcast-add": np.maximum(c + inits["k"], 0),
+    }[tail]
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)

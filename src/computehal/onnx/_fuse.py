@@ -12,7 +12,10 @@ Run on a specialised graph (every shape known) before its nodes are placed:
   of a residual of the output's shape, becomes one :data:`MATMUL_ADD` node, lowered as
   GEMMs that accumulate into an output already holding the residual and the bias;
 * the three projections of one input feeding a self-attention become one GEMM with the
-  weights joined, read by a :data:`PACKED_ATTENTION` node (one head-split copy, not three).
+  weights joined, read by a :data:`PACKED_ATTENTION` node (one head-split copy, not three);
+* ``Conv`` followed by ``Add`` (or a two-input ``Sum``) of a residual of the output's shape and / or ``Relu``
+  becomes one :data:`FUSED_CONV` node: the convolution's epilogue (``residual_ptr``,
+  ``activation``) instead of one pass over the output per element-wise node.
 
 Only values read by nothing outside the subgraph (and not graph outputs) disappear. A
 fused node is kept only when ``accept`` says the chosen backend runs it; otherwise the
@@ -32,12 +35,15 @@ from onnx import helper
 from ._ir import Graph, Node, is_float
 from ._shapes import Specialized
 
-__all__ = ["MATMUL_ADD", "PACKED_ATTENTION", "fuse"]
+__all__ = ["FUSED_CONV", "MATMUL_ADD", "PACKED_ATTENTION", "fuse"]
 
 #: The op type of a fused ``MatMul`` + bias / residual ``Add`` (inputs x, W, bias or "", residual or "").
 MATMUL_ADD = "computehal.MatMulAdd"
 #: ``Attention`` (3-D, self-attention) reading Q, K and V from one packed [.., 3 * hidden] input 0.
 PACKED_ATTENTION = "computehal.PackedAttention"
+#: ``Conv`` with its epilogue: inputs x, W, bias or "", residual or ""; the Conv's attributes
+#: and ``activation`` (a ``UnaryOp`` name, "" for none): ``activation(conv + bias + residual)``.
+FUSED_CONV = "computehal.FusedConv"
 
 
 class _View:
@@ -308,6 +314,44 @@ def _matmul_add(v: _View, mm: Node) -> tuple[Node, list[Node]] | None:
     return _make(MATMUL_ADD, last.name, [mm.inputs[0], mm.inputs[1], bias, residual], value), nodes
 
 
+# --------------------------------------------------------------------------- Conv epilogue
+
+
+def _conv_epilogue(v: _View, conv: Node) -> tuple[Node, list[Node]] | None:
+    """``Conv`` -> ``Add`` (residual) -> ``Relu``, ``Conv`` -> ``Relu`` or ``Conv`` -> ``Add``."""
+    if conv.op != "Conv" or conv.domain != "" or len(conv.outputs) != 1:
+        return None
+    value = conv.outputs[0]
+    out_shape, dtype = v.shape(value), v.dtype(value)
+    if out_shape is None or dtype is None or not is_float(dtype):
+        return None
+    nodes = [conv]
+    residual = ""
+    add = v.only_consumer(value, "Add") or v.only_consumer(value, "Sum")  # Sum: two inputs only
+    if add is not None:
+        other = _other(add, value)
+        if (
+            other
+            and other != value
+            and v.const(other) is None
+            and v.shape(other) == out_shape
+            and v.dtype(other) == dtype
+            and v.shape(add.outputs[0]) == out_shape
+        ):
+            residual, value = other, add.outputs[0]
+            nodes.append(add)
+    relu = v.only_consumer(value, "Relu")
+    activation = ""
+    if relu is not None and v.shape(relu.outputs[0]) == out_shape:
+        activation, value = "relu", relu.outputs[0]
+        nodes.append(relu)
+    if len(nodes) == 1:
+        return None
+    bias = conv.inputs[2] if len(conv.inputs) > 2 else ""
+    inputs = [conv.inputs[0], conv.inputs[1], bias, residual]
+    return _make(FUSED_CONV, nodes[-1].name, inputs, value, **conv.attrs, activation=activation), nodes
+
+
 # --------------------------------------------------------------------------- packed Q/K/V
 
 
@@ -371,7 +415,7 @@ def _projection(v: _View, name: str) -> tuple[Node, np.ndarray, np.ndarray | Non
 # --------------------------------------------------------------------------- driver
 
 Rule = Callable[[_View, Node], "tuple[Node | list[Node], list[Node]] | None"]
-_RULES: tuple[Rule, ...] = (_attention, _gelu, _matmul_add, _packed_qkv)
+_RULES: tuple[Rule, ...] = (_attention, _gelu, _matmul_add, _packed_qkv, _conv_epilogue)
 
 
 def fuse(spec: Specialized, accept: Callable[[Node], bool]) -> int:

@@ -44,6 +44,8 @@ def atoms_of(instr: Call | Upload) -> list[Atom]:
         features += [f for f, on in (("groups", "groups" in kw), ("dilation", "dilation" in kw)) if on]
         features += ["bias"] if "bias_ptr" in kw else []
         features += ["pad4"] if len(args[7]) == 4 else []
+        features += ["residual"] if "residual_ptr" in kw else []
+        features += [f"activation:{kw['activation']}"] if "activation" in kw else []
     elif method == "pool2d":
         features.append(str(args[0]))
         features += [f for f in ("ceil_mode", "count_include_pad", "dilation") if f in kw]
@@ -157,6 +159,21 @@ def _conv(be: ComputeBackend, p: Ptrs, dt: str, feature: str) -> None:
         _put(be, b, [1], dt)
         be.conv2d_forward(a, (1, 1, 2, 2), b, (1, 1, 1, 1), c, (1, 1, 3, 2), (1, 1), (1, 0, 0, 0), dtype=dt)
         _expect(be, c, [0, 0, 1, 2, 3, 4], dt)
+    elif feature == "residual":  # accumulated in place: [1, 2] * 3 + [5, 7]
+        _put(be, a, [1, 2], dt)
+        _put(be, b, [3], dt)
+        _put(be, c, [5, 7], dt)
+        be.conv2d_forward(
+            a, (1, 1, 1, 2), b, (1, 1, 1, 1), c, (1, 1, 1, 2), (1, 1), (0, 0), dtype=dt, residual_ptr=c
+        )
+        _expect(be, c, [8, 13], dt)
+    elif feature == "activation:relu":
+        _put(be, a, [1, -2], dt)
+        _put(be, b, [3], dt)
+        be.conv2d_forward(
+            a, (1, 1, 1, 2), b, (1, 1, 1, 1), c, (1, 1, 1, 2), (1, 1), (0, 0), dtype=dt, activation="relu"
+        )
+        _expect(be, c, [3, 0], dt)
 
 
 def _pool(be: ComputeBackend, p: Ptrs, dt: str, feature: str) -> None:

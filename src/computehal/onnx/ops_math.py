@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ._fuse import MATMUL_ADD
+from ._fuse import FUSED_CONV, MATMUL_ADD
 from ._lowering import Lowerer, Unmappable, lowers
 from ._tensors import DeviceTensor, broadcast_strides, coalesce, contiguous_strides
 
@@ -77,8 +77,9 @@ def _symmetric(padding: tuple[int, ...]) -> tuple[int, ...]:
     return padding
 
 
-@lowers("Conv")
+@lowers("Conv", FUSED_CONV)
 def conv(lw: Lowerer) -> None:
+    """``Conv``, and the fused one with its epilogue (residual input 3, ``activation``)."""
     x_shape, w_shape = lw.shape(0), lw.shape(1)
     kernel = lw.attr("kernel_shape", w_shape[2:])
     stride, dilation, padding, _ = _window_params(lw, x_shape, kernel)
@@ -92,6 +93,11 @@ def conv(lw: Lowerer) -> None:
         kwargs["dilation"] = dilation
     if lw.has(2):
         kwargs["bias_ptr"] = lw.tensor(2)
+    if lw.node.op == FUSED_CONV:
+        if lw.has(3):
+            kwargs["residual_ptr"] = lw.tensor(3)
+        if lw.attr("activation", ""):
+            kwargs["activation"] = lw.attr("activation")
     if y.size == 0:
         return
     x4, w4, y4 = _as_4d(x_shape), _as_4d(w_shape), _as_4d(y.shape)
