@@ -7,10 +7,16 @@ vectorise), rescales the running sum and output row, and replaces the scores by 
 exponentials while summing them, then one BLAS GEMM that adds ``P V_chunk`` into the
 output rows. No Python runs between the steps, and no temporary is allocated.
 
-Under a causal mask, chunks no row of the block sees are skipped, and the diagonal
-region (keys some rows see and others do not) is cut into groups of
-:data:`DIAGONAL_ROWS` rows, each multiplying only the keys its last row sees, so the
-GEMMs do little work that the mask then discards.
+Under a causal mask, chunks no row of the block sees are skipped; whole chunks of
+:data:`kv_block` keys that every row sees run as in full attention, and the rest (the
+diagonal region) is halved recursively: the lower half of a part's rows sees every key
+its first row sees, which makes one full rectangle of GEMMs as wide as half the part;
+only groups of :data:`DIAGONAL_ROWS` rows at the leaves multiply keys that the mask
+then discards (about 3 % of the kept work at S = 2048, blocks of 512). Measured on one
+thread (B=1, H=4, S=2048, D=64, blocks 512): causal runs at 0.88 of full attention's
+rate per kept FLOP, against 0.85 when the diagonal was cut into 64-row groups (GEMMs
+64 rows wide) after a chunk boundary at the block's first visible key (a one-key chunk
+for the first block, thinner chunks for the others).
 
 An additive mask (any broadcast of [batch, heads, seq_q, seq_kv]) is added to each
 score tile right after its GEMM. NaN and infinity follow the definition
@@ -178,6 +184,52 @@ def _chunk(k, v, qs, u0, u1, j0, j1, diagonal, first_visible, scores, peak, tota
 
 
 @jit
+def _keys(ctx, u0, u1, j0, end, diagonal):
+    """Keys ``[j0, end)`` for block rows ``[u0, u1)`` in chunks of ``kv_block`` (on the
+    ``diagonal``: row ``u`` sees the keys before ``i0 + u + offset + 1``).
+
+    ``ctx`` is ``(k, v, qs, scores, peak, total, acc, mask, has_mask, i0, offset, kv_block)``.
+    """
+    k, v, qs, scores, peak, total, acc, mask, has_mask, i0, offset, kv_block = ctx
+    while j0 < end:
+        j1 = min(end, j0 + kv_block)
+        first = i0 + u0 + offset + 1 - j0  # keys of the chunk row u0 sees
+        _chunk(k, v, qs, u0, u1, j0, j1, diagonal, first, scores, peak, total, acc, mask, has_mask, i0)
+        j0 = j1
+
+
+@jit
+def _diagonal(ctx, rows, open_end, kv_end):
+    """The causal diagonal region: keys ``[open_end, kv_end)``, which not every row of the block sees.
+
+    Halved recursively (an explicit stack): rows ``[mid, u1)`` of a part see every key
+    that row ``mid`` sees, so those keys form one full rectangle (GEMMs as wide as half
+    the part); the two halves are then split again, down to groups of
+    :data:`DIAGONAL_ROWS` rows, which multiply the keys their last row sees and mask the
+    rest. Only the leaves' triangles are computed and discarded. ``ctx`` as :func:`_keys`.
+    """
+    i0, offset = ctx[9], ctx[10]
+    stack = np.empty((64, 3), dtype=np.int64)
+    stack[0, 0], stack[0, 1], stack[0, 2] = 0, rows, open_end
+    top = 1
+    while top > 0:
+        top -= 1
+        u0, u1, j0 = stack[top, 0], stack[top, 1], stack[top, 2]
+        end = min(kv_end, i0 + u1 + offset)  # the keys the part's last row sees
+        if end <= j0:
+            continue
+        if u1 - u0 <= DIAGONAL_ROWS:
+            _keys(ctx, u0, u1, j0, end, True)
+            continue
+        mid = u0 + (u1 - u0) // 2
+        seen = min(end, max(j0, i0 + mid + offset + 1))  # every row from mid on sees keys [j0, seen)
+        _keys(ctx, mid, u1, j0, seen, False)
+        stack[top, 0], stack[top, 1], stack[top, 2] = u0, mid, j0
+        stack[top + 1, 0], stack[top + 1, 1], stack[top + 1, 2] = mid, u1, seen
+        top += 2
+
+
+@jit
 def attention_rows(q, k, v, o, i0, i1, scale, causal, offset, kv_block, work, mask, has_mask):
     """Output rows ``[i0, i1)`` of one head: ``softmax(q K^T * scale + mask) V`` over its visible keys.
 
@@ -206,26 +258,20 @@ def attention_rows(q, k, v, o, i0, i1, scale, causal, offset, kv_block, work, ma
     total[:] = _ZERO
     if causal:
         kv_end = max(0, min(seq_kv, i1 + offset))
-        open_end = max(0, min(kv_end, i0 + offset + 1))
+        # Whole chunks of keys every row sees; the rest (a few keys every row sees, then
+        # the triangle) goes to the diagonal region, which splits it into wide GEMMs.
+        open_end = max(0, min(kv_end, i0 + offset + 1)) // kv_block * kv_block
+        chunks = open_end // kv_block
     else:
         kv_end = open_end = seq_kv
-    # Keys every row of the block sees, in chunks of kv_block.
-    chunks = -(-open_end // kv_block)
+        chunks = -(-open_end // kv_block)  # equal chunks, none thin
     for c in range(chunks):
         j0 = open_end * c // chunks
         j1 = open_end * (c + 1) // chunks
         _chunk(k, v, qs, 0, rows, j0, j1, False, 0, scores, peak, total, acc, mask, has_mask, i0)
-    # The diagonal region: each group of rows multiplies only the keys its last row sees.
-    for u0 in range(0, rows, DIAGONAL_ROWS):
-        u1 = min(rows, u0 + DIAGONAL_ROWS)
-        end = max(open_end, min(kv_end, i0 + u1 + offset))
-        j0 = open_end
-        while j0 < end:
-            j1 = min(end, j0 + kv_block)
-            # Row u sees keys < i0 + u + offset + 1, i.e. (i0 + u0 + offset + 1 - j0) + (u - u0) of the chunk.
-            first = i0 + u0 + offset + 1 - j0
-            _chunk(k, v, qs, u0, u1, j0, j1, True, first, scores, peak, total, acc, mask, has_mask, i0)
-            j0 = j1
+    if kv_end > open_end:
+        ctx = (k, v, qs, scores, peak, total, acc, mask, has_mask, i0, offset, kv_block)
+        _diagonal(ctx, rows, open_end, kv_end)
     for u in range(rows):
         dst = o[i0 + u]
         line = acc[u * head_dim : (u + 1) * head_dim]
