@@ -243,7 +243,11 @@ def test_im2col_forward_matches_direct_definition(shape: tuple[Any, ...], dtype:
     assert np.all(np.abs(y - want) <= 2 * (c * fh * fw + 3) * eps * mag + 1e-300)
 
 
-@pytest.mark.parametrize("size", [(3, 19, 10, 17, 22), (1, 7, 200, 6, 5)], ids=["images", "channel-split"])
+@pytest.mark.parametrize(
+    "size",
+    [(3, 19, 10, 17, 22), (1, 7, 200, 6, 5), (8, 130, 9, 33, 33)],
+    ids=["images", "channel-split", "deep-wide"],
+)
 @pytest.mark.parametrize("stride", [1, 2, 3])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_pointwise_convolutions_match_direct_definition(
@@ -492,10 +496,11 @@ def test_thread_scratch_keeps_small_arrays_only() -> None:
 
 
 @pytest.mark.parametrize(
-    "rows, depth, width, block", [(9, 3, 37, 32), (16, 64, 100, 64), (7, 1, 5, 32), (24, 20, 64, 32)]
+    "rows, depth, width, block, chunk",
+    [(9, 3, 37, 32, 3), (16, 64, 100, 64, 64), (7, 1, 5, 32, 1), (24, 20, 64, 32, 8), (17, 150, 70, 64, 64)],
 )
 def test_compiled_product_matches_float64_and_stays_inside(
-    rows: int, depth: int, width: int, block: int
+    rows: int, depth: int, width: int, block: int, chunk: int
 ) -> None:
     """The compiled convolution product: y = f @ x + bias on strided rows, nothing else written."""
     from computehal.backends.cpu._runtime import kernels
@@ -509,7 +514,7 @@ def test_compiled_product_matches_float64_and_stays_inside(
     x = rng.standard_normal(depth * x_ld).astype(np.float32)
     bias = rng.standard_normal(rows).astype(np.float32)
     y = np.full(rows * y_ld + 40, np.nan, dtype=np.float32)
-    compiled.product(f, f_ld, x, x_ld, bias, y, y_ld, rows, depth, width, block)
+    compiled.product(f, f_ld, x, x_ld, bias, y, y_ld, rows, depth, width, block, chunk)
     fm = f.reshape(rows, f_ld)[:, :depth].astype(np.float64)
     xm = x.reshape(depth, x_ld)[:, :width].astype(np.float64)
     want = fm @ xm + bias[:, None]

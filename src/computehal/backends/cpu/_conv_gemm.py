@@ -61,11 +61,17 @@ WIDE_ROWS = 32
 #: Output pixels per filter matrix column from which im2col copies the filter to append the
 #: bias as a column (the stem) instead of writing the bias into the output first.
 BIAS_COLUMN_RATIO = 16
-#: Deepest product (input channels times taps) the compiled kernel (:mod:`._kgemm`) takes;
-#: BLAS beyond. CPU time on one core, best of 11, against NumPy's OpenBLAS: ResNet's
-#: 64 -> 256 1x1 layer at batch 8 135 vs 109 GFLOP/s, 64 -> 64 114 vs 102; but
-#: 256 -> 64 73 vs 87, 128 -> 512 at 28x28 127 vs 129, the stem (depth 148) 88 vs 87.
+#: Products the compiled kernel (:mod:`._kgemm`) takes instead of BLAS: depth (input
+#: channels times taps) up to KERNEL_MAX_DEPTH, or up to KERNEL_MAX_DEPTH output
+#: channels over at least KERNEL_MIN_WIDTH pixels (in depth slices of KERNEL_CHUNK that
+#: keep a tile's pixels in L1). CPU time on one core, best of 9-11, against NumPy's
+#: OpenBLAS: ResNet's 64 -> 256 1x1 layer at batch 8 123-135 vs 101-109 GFLOP/s,
+#: 64 -> 64 114-117 vs 102-108, 256 -> 64 86 vs 74-75 (batch 1: 102 vs 97); but
+#: 256 -> 1024 at 14x14 108 vs 122, 1024 -> 256 98 vs 115, 128 -> 512 at 28x28 equal,
+#: the stem (64 output channels, depth 148) equal.
 KERNEL_MAX_DEPTH = 64
+KERNEL_CHUNK = 64
+KERNEL_MIN_WIDTH = 1024
 
 
 def row_blocks(n: int, oh: int, ow: int) -> list[tuple[int, int, int]]:
@@ -148,20 +154,29 @@ def _flat(matrix: FloatArray) -> FloatArray:
     return flat
 
 
+def _kernel_takes(dtype: Any, rows: int, depth: int, width: int) -> bool:
+    """True when the compiled product (:mod:`._kgemm`) beats BLAS on this float32 shape."""
+    if dtype != np.float32:
+        return False
+    return depth <= KERNEL_MAX_DEPTH or (rows <= KERNEL_MAX_DEPTH and width >= KERNEL_MIN_WIDTH)
+
+
 def _multiply(fmat: FloatArray, cols: FloatArray, out: FloatArray, bias: FloatArray | None) -> None:
     """``out`` [K', W] = ``fmat`` [K', R] @ ``cols`` [R, W] plus ``bias`` [K'] per row (rows contiguous).
 
-    The bias is written first and BLAS adds the product to it (beta = 1): OpenBLAS zeroes
+    Shapes :func:`_kernel_takes` names go to the compiled kernel, starting from the bias.
+    Otherwise the bias is written first and BLAS adds the product to it (beta = 1): OpenBLAS zeroes
     C in a pass of its own for beta = 0, so this costs what the plain product does, with
     neither a pass over the output afterwards nor a copy of the filter with a bias column.
     """
-    compiled = kernels("_kgemm") if out.dtype == np.float32 and fmat.shape[1] <= KERNEL_MAX_DEPTH else None
-    if compiled is not None and fmat.shape[1] > 0:
-        rows, depth, width = fmat.shape[0], fmat.shape[1], cols.shape[1]
+    rows, depth, width = fmat.shape[0], fmat.shape[1], cols.shape[1]
+    compiled = kernels("_kgemm") if _kernel_takes(out.dtype, rows, depth, width) else None
+    if compiled is not None and depth > 0:
         start = np.zeros(rows, dtype=out.dtype) if bias is None else np.ascontiguousarray(bias)
+        block = compiled.pixel_block(min(depth, KERNEL_CHUNK))
         compiled.product(
             _flat(fmat), fmat.strides[0] // 4, _flat(cols), cols.strides[0] // 4, start,
-            _flat(out), out.strides[0] // 4, rows, depth, width, compiled.pixel_block(depth),
+            _flat(out), out.strides[0] // 4, rows, depth, width, block, KERNEL_CHUNK,
         )  # fmt: skip
         return
     if bias is None:

@@ -14,7 +14,9 @@ with ``computehal bench`` (ratios in the module docstrings of each algorithm):
   (:mod:`._kgemm`) instead of BLAS: it reads the pixels in place and writes each output
   once (OpenBLAS zeroes C, then reads and writes it again). CPU time on one core, best
   of 11, batch 8: 64 -> 256 channels at 56x56 123-135 vs 101-109 GFLOP/s, 64 -> 64
-  114-117 vs 102-108. Deeper products stay on BLAS (256 -> 64: 73 vs 87).
+  114-117 vs 102-108. Deeper products with at most 64 output channels over wide pixel
+  blocks (256 -> 64 at 56x56) run on it too, in depth slices of 64 (86 vs 74); other
+  deep products stay on BLAS, which runs them faster (256 -> 1024 at 14x14: 122 vs 108).
 * 3x3 stride-1 convolutions (one group, no dilation, at least :data:`WINOGRAD_MIN_CHANNELS`
   channels in and out, :data:`WINOGRAD_MIN_MACS` multiply-adds or more, at least
   :data:`WINOGRAD_MIN_TILES` output tiles), float32: Winograd F(4x4, 3x3)

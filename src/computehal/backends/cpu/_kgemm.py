@@ -44,7 +44,7 @@ LANES = 16
 PANEL_FLOATS = 1 << 17
 
 
-def _tile_intrinsic(rows: int) -> Any:
+def _tile_intrinsic(rows: int, accumulate: bool) -> Any:
     """The register tile of ``rows`` output channels by :data:`VECTORS` vectors of pixels."""
 
     @intrinsic
@@ -60,14 +60,14 @@ def _tile_intrinsic(rows: int) -> Any:
         sig = types.void(f, f_off, f_ld, x, x_off, x_ld, depth, width, bias, b_off, y, y_off, y_ld)
 
         def codegen(context, builder, signature, args):
-            return _tile_code(context, builder, signature, args, rows)
+            return _tile_code(context, builder, signature, args, rows, accumulate)
 
         return sig, codegen
 
     return tile
 
 
-def _tile_code(context: Any, builder: Any, signature: Any, args: Any, rows: int) -> Any:
+def _tile_code(context: Any, builder: Any, signature: Any, args: Any, rows: int, accumulate: bool) -> Any:
     vec = ir.VectorType(ir.FloatType(), LANES)
     i64, i32 = ir.IntType(64), ir.IntType(32)
     mask_t = ir.VectorType(ir.IntType(1), LANES)
@@ -105,8 +105,18 @@ def _tile_code(context: Any, builder: Any, signature: Any, args: Any, rows: int)
     ]
     accs = []
     for i in range(rows):
-        start = splat(builder.load(builder.gep(bp, [i64(i)])), vec)
-        accs.append([cgutils.alloca_once_value(builder, start) for _ in range(VECTORS)])
+        out = builder.gep(yp, [builder.mul(y_ld, i64(i))])
+        if accumulate:
+            # A later slice of the depth: start from the partial sums already in y.
+            starts = [
+                builder.call(
+                    load, [builder.bitcast(builder.gep(out, [i64(LANES * j)]), ptr_t), i32(4), masks[j], zero]
+                )
+                for j in range(VECTORS)
+            ]
+        else:
+            starts = [splat(builder.load(builder.gep(bp, [i64(i)])), vec)] * VECTORS
+        accs.append([cgutils.alloca_once_value(builder, start) for start in starts])
     with cgutils.for_range(builder, depth) as loop:
         r = loop.index
         row = builder.gep(xp, [builder.mul(r, x_ld)])
@@ -128,33 +138,42 @@ def _tile_code(context: Any, builder: Any, signature: Any, args: Any, rows: int)
     return context.get_dummy_value()
 
 
-_tile_block = _tile_intrinsic(ROWS)
-_tile_row = _tile_intrinsic(1)
+_tile_block = _tile_intrinsic(ROWS, False)
+_tile_row = _tile_intrinsic(1, False)
+_add_block = _tile_intrinsic(ROWS, True)
+_add_row = _tile_intrinsic(1, True)
 
 
 @jit
-def product(f, f_ld, x, x_ld, bias, y, y_ld, rows, depth, width, block):
+def product(f, f_ld, x, x_ld, bias, y, y_ld, rows, depth, width, block, chunk):
     """``y[i, p] = bias[i] + sum_r f[i, r] x[r, p]`` for ``i < rows``, ``p < width``, ``r < depth``.
 
     1-D float32 arrays holding row-major matrices from element 0 with the given row
     strides (``f[i, r]`` is ``f[i * f_ld + r]``); ``bias`` has ``rows`` entries (zeros for
-    none); ``block``: pixels per L2 block (a multiple of the tile width). ``depth >= 1``.
+    none); ``block``: pixels per L2 block (a multiple of the tile width); ``chunk``: depth
+    per pass (later passes add to y). ``depth >= 1``.
     A block's channel blocks run one after another over all its tiles (measured faster
     than every channel block on one tile at a time, which rereads the filter per tile).
     """
     step = LANES * VECTORS
     for p0 in range(0, width, block):
         p1 = min(width, p0 + block)
-        k = 0
-        while k < rows:
-            full = k + ROWS <= rows
-            for p in range(p0, p1, step):
-                n, at = min(step, p1 - p), k * y_ld + p
-                if full:
-                    _tile_block(f, k * f_ld, f_ld, x, p, x_ld, depth, n, bias, k, y, at, y_ld)
-                else:
-                    _tile_row(f, k * f_ld, f_ld, x, p, x_ld, depth, n, bias, k, y, at, y_ld)
-            k += ROWS if full else 1
+        for d0 in range(0, depth, chunk):
+            d = min(chunk, depth - d0)
+            k = 0
+            while k < rows:
+                full = k + ROWS <= rows
+                for p in range(p0, p1, step):
+                    n, at, fk, xk = min(step, p1 - p), k * y_ld + p, k * f_ld + d0, d0 * x_ld + p
+                    if d0 == 0 and full:
+                        _tile_block(f, fk, f_ld, x, xk, x_ld, d, n, bias, k, y, at, y_ld)
+                    elif d0 == 0:
+                        _tile_row(f, fk, f_ld, x, xk, x_ld, d, n, bias, k, y, at, y_ld)
+                    elif full:
+                        _add_block(f, fk, f_ld, x, xk, x_ld, d, n, bias, k, y, at, y_ld)
+                    else:
+                        _add_row(f, fk, f_ld, x, xk, x_ld, d, n, bias, k, y, at, y_ld)
+                k += ROWS if full else 1
 
 
 def pixel_block(depth: int) -> int:
@@ -170,7 +189,7 @@ def warm_up() -> None:
     x = rng.standard_normal((3, 37)).astype(np.float32)
     bias = rng.standard_normal(9).astype(np.float32)
     y = np.zeros((9, 37), dtype=np.float32)
-    product(f.ravel(), 3, x.ravel(), 37, bias, y.ravel(), 37, 9, 3, 37, 32)
+    product(f.ravel(), 3, x.ravel(), 37, bias, y.ravel(), 37, 9, 3, 37, 32, 2)
     want = f.astype(np.float64) @ x.astype(np.float64) + bias[:, None]
     if not np.allclose(y, want, rtol=1e-5, atol=1e-5):
         raise RuntimeError("the compiled convolution product gives wrong results here")
