@@ -552,6 +552,33 @@ def test_pool2d(
     be.free(yp)
 
 
+WIDE_POOL_CASES = [  # stride-2 column folds over whole vectors of 16 outputs, then the rest
+    ("max", (3, 3), (2, 2), (1, 1, 1, 1), False, False),
+    ("avg", (3, 3), (2, 2), (1, 1, 1, 1), False, True),
+    ("avg", (2, 2), (2, 2), (0, 0, 0, 0), False, False),
+    ("max", (2, 2), (2, 2), (0, 0, 1, 1), True, False),
+    ("avg", (3, 1), (2, 2), (1, 0, 1, 0), False, False),
+    ("max", (1, 3), (1, 2), (0, 0, 0, 2), True, False),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(np.float64)], ids=str)
+@pytest.mark.parametrize(("op", "k", "s", "pads", "ceil", "include"), WIDE_POOL_CASES)
+def test_pool2d_wide_rows(
+    be: CpuBackend, op: str, k: Any, s: Any, pads: Any, ceil: bool, include: bool, dtype: Any
+) -> None:
+    x = RNG.standard_normal((2, 2, 5, 75)).astype(dtype)
+    x[0, 0, 1, 3], x[0, 1, 2, 40], x[1, 0, 0, 31], x[1, 1, 4, 74] = np.nan, np.nan, np.inf, -np.inf
+    want = _pool_reference(x, op, k, s, pads, (1, 1), ceil, include)
+    xp, yp = put(be, x), put(be, np.zeros(want.shape, dtype))
+    options = {"ceil_mode": ceil, "count_include_pad": include, "dtype": dtype}
+    be.pool2d(op, xp, x.shape, yp, want.shape, k, s, pads, **options)
+    got = get(be, yp, want.shape, dtype)
+    np.testing.assert_allclose(got, want, rtol=1e-5 if dtype == np.float32 else 1e-13, atol=1e-6)
+    be.free(xp)
+    be.free(yp)
+
+
 @pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(np.float64)], ids=str)
 @pytest.mark.parametrize("rms", [False, True])
 @pytest.mark.parametrize(("rows", "cols"), [(3, 5), (700, 300)])
