@@ -118,9 +118,11 @@ def _fold_rows(
     a NaN never becomes the running value (``fmax``); a sum starts from the first row,
     so NaN propagates.
     """
-    # Whole vectors as explicit vectors (no alias checks, no loop remainders), up to 3 rows.
-    body = w // LANES * LANES if count <= 3 else 0
-    for q in range(0, body, LANES):
+    # Up to 3 rows as explicit vectors (no alias checks, no loop remainders); the last
+    # vector ends at the row's end (a few columns computed twice, to the same values).
+    body = w if count <= 3 and w >= LANES else 0
+    for q0 in range(0, body, LANES):
+        q = min(q0, w - LANES)
         if is_max and count == 3:
             fold_rows(xf, first + q, step, row, at + q, low, 3, True)
         elif is_max and count == 2:
@@ -175,19 +177,9 @@ def _fold_rows(
 
 @_inline
 def _hloop(
-    row: Any,
-    sw: int,
-    dw: int,
-    count: int,
-    of: Any,
-    d: int,
-    n: int,
-    cc: Any,
-    scale: Any,
-    is_max: bool,
-    j0: int = 0,
+    row: Any, sw: int, dw: int, count: int, of: Any, d: int, n: int, cc: Any, scale: Any, is_max: bool
 ) -> None:
-    """``of[d + j]`` = fmax / mean over ``s < count`` (1 to 3) of ``row[j * sw + s * dw]``, ``j0 <= j < n``.
+    """``of[d + j]`` = fmax / mean over ``s < count`` (1 to 3) of ``row[j * sw + s * dw]``, ``j < n``.
 
     Called with literal ``sw`` and ``count``: LLVM then loads the strided taps as whole
     vectors and shuffles them. ``row`` never holds a NaN for a max; a mean divides by
@@ -195,7 +187,7 @@ def _hloop(
     """
     ud = _U(d)
     if is_max:
-        for j in range(j0, n):
+        for j in range(n):
             base = _U(j * sw)
             m = row[base]
             if count > 1:
@@ -204,7 +196,7 @@ def _hloop(
                 m = _op(m, row[base + _U(2 * dw)], True)
             of[ud + _U(j)] = m
     else:
-        for j in range(j0, n):
+        for j in range(n):
             base = _U(j * sw)
             m = row[base]
             if count > 1:
@@ -230,10 +222,12 @@ def _fold_columns(
                 _hloop(row, 1, dw, 2, of, d, n, cc, scale, is_max)
             else:
                 _hloop(row, 1, dw, 3, of, d, n, cc, scale, is_max)
-        elif dw == 1:
-            # Whole vectors of outputs as explicit vectors (LLVM's vectorisation gathers).
-            full = n // LANES * LANES
-            for j in range(0, full, LANES):
+        elif dw == 1 and n >= LANES:
+            # Whole vectors of outputs as explicit vectors (LLVM's vectorisation gathers);
+            # the last one ends at the row's end, recomputing a few outputs to the same values.
+            last = n - LANES
+            for j0 in range(0, n, LANES):
+                j = min(j0, last)
                 if is_max and kw == 1:
                     fold_stride2(row, 2 * j, of, d + j, cc, j, scale, 1, True)
                 elif is_max and kw == 2:
@@ -246,7 +240,6 @@ def _fold_columns(
                     fold_stride2(row, 2 * j, of, d + j, cc, j, scale, 2, False)
                 else:
                     fold_stride2(row, 2 * j, of, d + j, cc, j, scale, 3, False)
-            _hloop(row, 2, 1, kw, of, d, n, cc, scale, is_max, full)
         elif kw == 1:
             _hloop(row, 2, dw, 1, of, d, n, cc, scale, is_max)
         elif kw == 2:
