@@ -429,7 +429,7 @@ def test_lrn_float32_kernel() -> None:
             np.testing.assert_allclose(out, want, rtol=16 * 2.0**-23, atol=0)
 
 
-@pytest.mark.parametrize("width", [200, 80, 16])
+@pytest.mark.parametrize("width", [200, 80, 24, 16])
 def test_lrn_vector_kernel(width: int) -> None:
     """The 16-pixel x 8-channel vector LRN: full and partial channel groups, pixel tails, pieces;
     t out of range (0, inf, NaN) and the running sum's cancellation go to the exact path."""

@@ -44,16 +44,15 @@ import numpy as np
 from llvmlite import ir
 from llvmlite.binding import get_host_cpu_features
 from numba import types
-from numba.core import cgutils
+from numba.core import cgutils, config
 from numba.extending import intrinsic
 
-from ._nb import jit, prefetch, wide_vectors
+from ._nb import jit, wide_vectors
 
 __all__ = ["GROUP", "LANES", "lrn_pieces", "warm_up"]
 
 #: Pixels per vector.
 LANES = 16
-PREFETCH = False
 #: Channels taken through the registers at once (the window sum restarts at each group).
 GROUP = 8
 #: ``t ** -0.25`` to 10 % from the bits of ``t``: exponent and mantissa divided by -4.
@@ -61,9 +60,14 @@ _QUARTER_MAGIC = 0x4F580000
 #: ``t`` outside these bounds goes to the exact path.
 _T_LO = 1e-30
 _T_HI = 1e30
-#: Whether LLVM may use AVX-512's reciprocal square root estimate (numba compiles for this host).
 _F_POWER = np.float32(0.75)
-_AVX512 = bool(get_host_cpu_features().get("avx512f", False))
+#: Whether LLVM may use AVX-512's reciprocal square root estimate: numba compiles for this
+#: host unless told to compile for a named CPU (then the portable Newton steps).
+_AVX512 = (
+    config.CPU_NAME is None
+    and config.CPU_FEATURES is None
+    and bool(get_host_cpu_features().get("avx512f", False))
+)
 
 
 def _splat(builder: Any, value: Any, vec: Any) -> Any:
@@ -275,16 +279,14 @@ def lrn_pieces(x: Any, out: Any, k0: int, k1: int, width: int, size: int, alpha:
         i = k // pieces
         j0 = (k % pieces) * width
         j1 = min(spatial, j0 + width)
-        body = j0 + (j1 - j0) // LANES * LANES
+        # Whole vectors; the last one ends at the piece's end (a few pixels computed twice,
+        # to the same values); a piece narrower than a vector takes the exact path.
+        body = j1 if j1 - j0 >= LANES else j0
         base = i * channels * spatial
         for c0 in range(0, channels, GROUP):
             count = min(GROUP, channels - c0)
-            ahead = base + (c0 + GROUP + above) * spatial
-            rows = max(0, min(GROUP, channels - (c0 + GROUP + above)))
-            for j in range(j0, body, LANES):
-                if PREFETCH:
-                    for q in range(rows):
-                        prefetch(xf, ahead + q * spatial + j)
+            for first in range(j0, body, LANES):
+                j = min(first, j1 - LANES)
                 if _lrn_lanes(xf, of, base + j, spatial, c0, count, channels, below, above, coeff, offset):
                     _lrn_exact(x[i], out[i], j, j + LANES, c0, c0 + count, below, above, coeff, offset)
         if body < j1:
