@@ -43,7 +43,7 @@ class Counting(ForwardingBackend):
         self.calls: dict[str, int] = {}
         self.label = label
         self.hide = hide
-        for method in ("synchronize", "copy_dtoh", "copy_htod", "unary", "gemm", "alloc"):
+        for method in ("synchronize", "copy_dtoh", "copy_htod", "unary", "gemm", "alloc", "borrow", "free"):
             self._count(method)
 
     def _count(self, method: str) -> None:
@@ -97,9 +97,41 @@ def test_mlp_matches_numpy_with_one_synchronize_and_no_round_trip(cpu: Any) -> N
     np.testing.assert_allclose(y, np.maximum(x @ w1, 0) @ w2, rtol=1e-5, atol=1e-5)
     assert backend.calls["synchronize"] == 1
     assert backend.calls["copy_dtoh"] == 1  # the output only: nothing comes back between nodes
-    assert backend.calls["copy_htod"] == 1  # the input only: weights went up when the plan was made
+    # The input only, read in place (borrowed, then forgotten): weights went up when the plan was made.
+    assert "copy_htod" not in backend.calls and backend.calls["borrow"] == backend.calls["free"] == 1
     assert backend.calls["gemm"] == 2 and backend.calls["unary"] == 1
     assert "alloc" not in backend.calls  # memory was placed once, at load
+
+
+class NoBorrow(Counting):
+    """A backend that cannot read host memory in place."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+
+        def refuse(address: int, nbytes: int, owner: object) -> int:
+            raise UnsupportedError("no borrowing here")
+
+        self.borrow = refuse
+
+
+def test_inputs_are_read_in_place_or_copied_when_the_backend_cannot_borrow(cpu: Any) -> None:
+    m, w1, w2 = mlp()
+    rng = np.random.default_rng(2)
+    for backend in (Counting(cpu), NoBorrow(cpu)):
+        session = InferenceSession(m, backend=backend)
+        backend.calls.clear()
+        live = cpu.live_allocations()
+        for _ in range(2):  # a new array each run: the borrowed range of the last run is gone
+            x = rng.standard_normal((4, 6)).astype(np.float32)
+            kept = x.copy()
+            (y,) = session.run(None, {"x": x})
+            np.testing.assert_allclose(y, np.maximum(x @ w1, 0) @ w2, rtol=1e-5, atol=1e-5)
+            np.testing.assert_array_equal(x, kept)
+            assert cpu.live_allocations() == live
+        copied = isinstance(backend, NoBorrow)
+        assert backend.calls.get("copy_htod", 0) == (2 if copied else 0)
+        session.close()
 
 
 def test_plan_reports_views_and_removed_nodes(cpu: Any) -> None:
@@ -239,8 +271,9 @@ def test_plans_for_new_shapes_share_the_weights(cpu: Any) -> None:
         backend.calls.clear()
         x = np.ones((batch, 6), np.float32)
         np.testing.assert_allclose(session.run(None, {"x": x})[0], x @ w, rtol=1e-5)
-        uploads = backend.calls["copy_htod"]
-        assert uploads == (2 if batch == 2 else 1)  # the weight once, then only the input
+        uploads = backend.calls.get("copy_htod", 0)
+        assert uploads == (1 if batch == 2 else 0)  # the weight once (the input is read in place)
+        assert backend.calls["borrow"] == 1
     session.close()
 
 

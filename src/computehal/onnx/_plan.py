@@ -4,8 +4,9 @@ Built from the placed nodes (:mod:`computehal.onnx._partition`):
 
 * every tensor a step touches is resolved in the step's partition; an intermediate made in
   the other partition gets a mirror there and an explicit copy step at the border;
-* graph inputs are uploaded once per run into each partition that reads them; weights
-  once per session (:mod:`computehal.onnx._weights`), shared by its plans;
+* graph inputs are uploaded once per run into each partition that reads them, or read
+  in place where the backend borrows host memory (:mod:`computehal.onnx._borrow`);
+  weights once per session (:mod:`computehal.onnx._weights`), shared by its plans;
 * intermediates are placed in one arena per partition by lifetime
   (:mod:`computehal.onnx._memory`), so buffers are reused, and an element-wise call whose
   input dies with it writes over that input;
@@ -25,6 +26,7 @@ import numpy as np
 
 from ..backend import ComputeBackend
 from ..errors import InvalidArgumentError, UnsupportedError
+from ._borrow import BorrowedInputs, borrowable
 from ._lowering import LoweringContext
 from ._memory import Block, naive_size, place
 from ._partition import FALLBACK, HOST, PRIMARY, NodePlan
@@ -170,6 +172,9 @@ class ExecutablePlan:
             if where != HOST and isinstance(op, Call) and op.method in ("unary", "binary"):
                 self.parts[where].share_in_place(step, op)
         self._allocate()
+        excluded = [item.storage for kind, item in self.outputs if kind == PRIMARY]
+        inputs = [storage for where, storage in self._inputs if where == PRIMARY]
+        self._borrowed = BorrowedInputs(primary, borrowable(self._ops, inputs, excluded))
         self._steps = [self._bind(where, op) for where, op in self._ops]
         self._input_steps = [self._bind_input(where, name, s) for where, name, s in self._input_uploads()]
 
@@ -283,7 +288,7 @@ class ExecutablePlan:
             return self._bind_host(op)
         part = self.parts[where]
         if isinstance(op, Call):
-            return _bind_call(part, op)
+            return _bind_call(part, self._borrowed.call(op, part.canonical) if where == PRIMARY else op)
         if isinstance(op, Upload):
             return _bind_upload(part, op)
         kind = op[0]
@@ -310,6 +315,8 @@ class ExecutablePlan:
         part = self.parts[where]
         address = part.arena + part.storages[part.canonical(storage)].offset
         backend = part.backend
+        if where == PRIMARY and storage in self._borrowed.keys:
+            return self._borrowed.input_step(name, storage, address)
 
         def upload(values: dict[str, Any]) -> None:
             value = values[name]
@@ -324,16 +331,20 @@ class ExecutablePlan:
         """Execute the plan on ``feeds`` (already checked) and return every graph output."""
         with self._lock:
             values: dict[str, Any] = dict(feeds)
-            for step in self._input_steps:
-                step(values)
-            for index, step in enumerate(self._steps):
-                try:
+            try:
+                for step in self._input_steps:
                     step(values)
-                except UnsupportedError as exc:
-                    raise StepUnsupported(self._owners[index], exc) from exc
-            for part in self.parts.values():
-                if part.storages or part.weights:
-                    part.backend.synchronize()
+                for index, step in enumerate(self._steps):
+                    try:
+                        step(values)
+                    except UnsupportedError as exc:
+                        raise StepUnsupported(self._owners[index], exc) from exc
+            finally:
+                # Also after a failed step: borrowed inputs are forgotten once nothing reads them.
+                for part in self.parts.values():
+                    if part.storages or part.weights:
+                        part.backend.synchronize()
+                self._borrowed.release(values)
             return [self._fetch(source, values) for source in self.outputs]
 
     def _fetch(self, source: Any, values: dict[str, Any]) -> np.ndarray:
