@@ -131,6 +131,13 @@ def test_inputs_are_read_in_place_or_copied_when_the_backend_cannot_borrow(cpu: 
             assert cpu.live_allocations() == live
         copied = isinstance(backend, NoBorrow)
         assert backend.calls.get("copy_htod", 0) == (2 if copied else 0)
+        # An array not aligned to its element size is copied, not borrowed.
+        raw = np.zeros(4 * 6 * 4 + 1, np.uint8)
+        x = np.frombuffer(raw.data, dtype=np.float32, count=24, offset=1).reshape(4, 6)
+        backend.calls.clear()
+        (y,) = session.run(None, {"x": x})
+        np.testing.assert_allclose(y, np.maximum(x @ w1, 0) @ w2, rtol=1e-5, atol=1e-5)
+        assert backend.calls.get("copy_htod", 0) == 1 and "borrow" not in backend.calls
         session.close()
 
 

@@ -63,7 +63,8 @@ class BorrowedInputs:
         def bind(values: dict[str, Any]) -> None:
             value = values[name]
             pointer = address
-            if value.nbytes and self.enabled:
+            # An array not aligned to its element size (a view into raw bytes) is copied.
+            if value.nbytes and self.enabled and value.ctypes.data % value.dtype.itemsize == 0:
                 try:
                     pointer = backend.borrow(value.ctypes.data, value.nbytes, value)
                 except BackendError:  # unsupported, or the array lies in this backend's memory
