@@ -38,6 +38,15 @@ with ``computehal bench`` (ratios in the module docstrings of each algorithm):
   fifth of that layer's time at batch 1 (CPU time on one core 4.1-5.1 ms, 3.5 ms
   without the copy; the strided 512-channel 3x3 layer at 14x14 alike).
 
+* Transformed Winograd filters are kept between calls (:mod:`._winograd_cache`, checked
+  against a copy of the filter's bytes on every use, so no write or free can make it
+  stale), which moves two more shapes to Winograd once their filter has been seen
+  unchanged (:func:`cached_winograd_tile`): 512 channels at 7x7, batch 8, F(4x4, 3x3)
+  (CPU time, best of 15: 13.3 ms vs im2col 16.3-17.8) and 256 channels at 14x14, batch
+  1, F(2x2, 3x3) (1.9-2.8 ms vs 2.5-3.4); the shapes Winograd already took skip their
+  filter transform too (256 channels at 14x14, batch 8, F(4x4, 3x3): 10.0-13.1 ms vs
+  11.8-15.9 through the backend).
+
 What still limits the rows that miss 0.8 of sgemm is the BLAS, not the split: OpenBLAS
 runs ResNet's 256 -> 64 1x1 product (64 x 256 x 3136 per image) at 0.55-0.6 of its
 square-matrix rate once the images come from memory rather than cache (0.76 on one
@@ -64,6 +73,7 @@ __all__ = [
     "fast_forward",
     "fast_backward_data",
     "fast_backward_filter",
+    "cached_winograd_tile",
     "forward_algorithm",
     "pointwise_applies",
     "winograd_applies",
@@ -88,6 +98,12 @@ WINOGRAD_MIN_TILES = 48
 #: one core: batch 8 (128 tiles) 20.5 ms vs 16.7 ms by im2col; batch 32 (512 tiles)
 #: 46 ms vs 62 ms.
 WINOGRAD2_MIN_TILES = 256
+#: Fewest 4x4 / 2x2 tiles from which Winograd beats im2col with its transformed filter
+#: cached (CPU time on one core, best of 11: 512 channels at 7x7, batch 8 (32 4x4 tiles):
+#: F(4x4, 3x3) 19.8 ms vs im2col 25.9; 256 channels at 14x14, batch 1 (49 2x2 tiles):
+#: F(2x2, 3x3) 2.7 ms vs 3.3; 512 channels at 7x7, batch 1: im2col 3.1 ms, F(2x2) 6.4).
+CACHED_MIN_TILES4 = 32
+CACHED_MIN_TILES2 = 48
 #: Multiply-adds below which the general paths' single call costs less than a task split.
 GEMM_MIN_MACS = 1 << 18
 
@@ -130,6 +146,23 @@ def forward_algorithm(p: v.ConvProblem, f: FloatArray) -> str:
     if _im2col_applies(p, f):
         return "im2col"
     return ""
+
+
+def cached_winograd_tile(p: v.ConvProblem) -> int:
+    """The Winograd tile that beats im2col on ``p`` once its transformed filter is cached (0: none).
+
+    Too few tiles for Winograd with a filter transform per call, enough without one
+    (:mod:`._winograd_cache`): F(4x4, 3x3) from :data:`CACHED_MIN_TILES4` 4x4 tiles
+    (ResNet's 512-channel 7x7 layer at batch 8), else F(2x2, 3x3) from
+    :data:`CACHED_MIN_TILES2` 2x2 tiles (its 256-channel 14x14 layer at batch 1).
+    """
+    if not _winograd_shape(p) or winograd_applies(p) or winograd2_applies(p):
+        return 0
+    if _tiles(p, 4) >= CACHED_MIN_TILES4:
+        return 4
+    if _tiles(p, 2) >= CACHED_MIN_TILES2 and kernels("_winograd2") is not None:
+        return 2
+    return 0
 
 
 def _tiles(p: v.ConvProblem, tile: int) -> int:
@@ -175,6 +208,9 @@ def fast_forward(
         return True
     if algorithm in ("winograd", "winograd2"):
         if winograd_forward(x, f, bias, y, p.ph, p.pw, 2 if algorithm == "winograd2" else 4):
+            return True
+    elif algorithm == "im2col" and (tile := cached_winograd_tile(p)):
+        if winograd_forward(x, f, bias, y, p.ph, p.pw, tile, cached_only=True):
             return True
     if algorithm == "im2col" or (algorithm.startswith("winograd") and _im2col_applies(p, f)):
         im2col_forward(x, f, bias, y, (p.ph, p.pw, p.sh, p.sw, p.dh, p.dw))

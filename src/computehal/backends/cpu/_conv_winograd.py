@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _winograd_cache as _cache
 from ._plumbing import FloatArray
 from ._runtime import kernels, parallel_pull, parallel_ranges, single_threaded_blas, workers
 from ._scratch import thread_scratch
@@ -203,8 +204,13 @@ def _conv(
 ) -> bool:
     """``y`` = 3x3 stride-1 convolution of ``x`` with the filters ``ft`` [C, 3, 3, K] (+ bias)."""
     u = _transformed_filter(ft, tile)
-    if u is None:
-        return False
+    return u is not None and _run(x, u, bias, y, pt, pl, tile)
+
+
+def _run(
+    x: FloatArray, u: FloatArray, bias: FloatArray | None, y: FloatArray, pt: int, pl: int, tile: int
+) -> bool:
+    """``y`` = the convolution of ``x`` with the transformed filters ``u`` (+ bias)."""
     if tile == 2:
         return _by_position(x, u, bias, y, pt, pl, tile)
     if u.size <= FUSED_FILTER_FLOATS:
@@ -213,16 +219,39 @@ def _conv(
 
 
 def winograd_forward(
-    x: FloatArray, f: FloatArray, bias: FloatArray | None, y: FloatArray, pt: int, pl: int, tile: int = 4
+    x: FloatArray,
+    f: FloatArray,
+    bias: FloatArray | None,
+    y: FloatArray,
+    pt: int,
+    pl: int,
+    tile: int = 4,
+    cached_only: bool = False,
 ) -> bool:
     """Forward 3x3 stride-1 convolution: ``x`` [N, C, H, W], ``f`` [K, C, 3, 3], ``y`` [N, K, OH, OW].
 
     ``pt`` / ``pl``: top / left padding (the bottom and right follow from the shapes);
     ``tile``: 4 for F(4x4, 3x3), 2 for F(2x2, 3x3) (:mod:`._winograd2`, small images).
+    The transformed filter comes from :mod:`._winograd_cache` where it holds ``f``'s
+    bytes, and is stored there once ``f`` has been seen unchanged on an earlier call.
+    ``cached_only``: decline (False, nothing written) unless the transform is stored or
+    about to be (shapes where Winograd wins only without a transform per call).
     """
-    ft = np.empty((f.shape[1], 3, 3, f.shape[0]), dtype=np.float32)
-    kernels("_winograd").taps_last(np.ascontiguousarray(f), ft, False)
-    return _conv(x, ft, bias, y, pt, pl, tile)
+    f = np.ascontiguousarray(f)
+    u = _cache.lookup(f, tile)
+    if u is None:
+        keep = _cache.seen_before(f, tile)
+        if cached_only and not keep:
+            return False
+        ft = np.empty((f.shape[1], 3, 3, f.shape[0]), dtype=np.float32)
+        kernels("_winograd").taps_last(f, ft, False)
+        u = _transformed_filter(ft, tile)
+        if u is None:
+            return False
+        if keep:
+            u = u.copy()
+            _cache.store(f, tile, u)
+    return _run(x, u, bias, y, pt, pl, tile)
 
 
 def winograd_backward_data(

@@ -1,0 +1,111 @@
+"""Transformed Winograd filters kept between forward convolutions, checked byte for byte.
+
+A filter is a weight: inference and the benchmark convolve with the same one call after
+call, and its Winograd transform ``U`` ((tile + 2)^2 C K floats) then costs a sizeable
+part of each call (ResNet-50's 512-channel 3x3 layer at batch 8, F(4x4, 3x3), one core:
+35.9 ms with the transform, 19.8 ms without; im2col 25.9 ms).
+
+No write to device memory is tracked (host views, borrowed memory and DLPack exports
+can change a filter behind the backend's back), so an entry is never trusted by its
+address: it holds a copy of the filter's bytes, and :func:`lookup` hands ``U`` out only
+after comparing the filter with that copy (``memcmp``, a read of twice the filter,
+about a twentieth of the transform's cost). Whatever happened to the memory in between
+(written, freed, reallocated), ``U`` is used only for exactly the filter it was made
+from.
+
+A filter is stored only when it has been seen unchanged before (the same address,
+shape and a sample of its values on the previous call, :func:`seen_before`), so a
+training loop, whose filters change every step, pays a sample and an early-exit
+comparison per call rather than a copy of every filter. Entries live in one process-wide
+LRU table of at most :data:`CACHE_BYTES`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from ._plumbing import FloatArray
+
+__all__ = ["CACHE_BYTES", "clear", "lookup", "seen_before", "store"]
+
+#: Most bytes of filter copies and transformed filters held (ResNet-50's 3x3 layers at
+#: F(4x4, 3x3) take about 230 MB).
+CACHE_BYTES = 256 << 20
+#: Values of a filter sampled to tell a filter seen on the previous call.
+SAMPLES = 64
+
+Key = tuple[int, tuple[int, ...], str, int]
+
+_lock = threading.Lock()
+_entries: OrderedDict[Key, tuple[FloatArray, FloatArray]] = OrderedDict()
+_samples: OrderedDict[Key, bytes] = OrderedDict()
+_held = [0]
+_memcmp = ctypes.CDLL(None).memcmp
+_memcmp.restype = ctypes.c_int
+_memcmp.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+
+
+def _key(f: FloatArray, tile: int) -> Key:
+    return (f.ctypes.data, f.shape, f.dtype.str, tile)
+
+
+def _sample(f: FloatArray) -> bytes:
+    flat = f.reshape(-1)
+    return flat[:: max(1, flat.size // SAMPLES)].tobytes()
+
+
+def lookup(f: FloatArray, tile: int) -> FloatArray | None:
+    """The stored ``U`` of filter ``f`` (C-contiguous) for ``tile``, if ``f`` holds exactly its bytes."""
+    key = _key(f, tile)
+    with _lock:
+        entry = _entries.get(key)
+        if entry is not None:
+            _entries.move_to_end(key)
+    if entry is None:
+        return None
+    copy, u = entry
+    if _memcmp(copy.ctypes.data, f.ctypes.data, f.nbytes) != 0:
+        return None
+    return u
+
+
+def seen_before(f: FloatArray, tile: int) -> bool:
+    """True when ``f`` looked the same (address, shape, sampled values) on the previous call."""
+    key, sample = _key(f, tile), _sample(f)
+    with _lock:
+        before = _samples.get(key)
+        _samples[key] = sample
+        _samples.move_to_end(key)
+        while len(_samples) > 4096:
+            _samples.popitem(last=False)
+    return before == sample
+
+
+def store(f: FloatArray, tile: int, u: FloatArray) -> None:
+    """Keep ``u`` (not to be written afterwards) as the transform of ``f``'s current bytes."""
+    size = f.nbytes + u.nbytes
+    if size > CACHE_BYTES:
+        return
+    entry = (np.array(f, copy=True), u)
+    key = _key(f, tile)
+    with _lock:
+        old = _entries.pop(key, None)
+        if old is not None:
+            _held[0] -= old[0].nbytes + old[1].nbytes
+        _entries[key] = entry
+        _held[0] += size
+        while _held[0] > CACHE_BYTES:
+            _, (copy, u_old) = _entries.popitem(last=False)
+            _held[0] -= copy.nbytes + u_old.nbytes
+
+
+def clear() -> None:
+    """Drop every entry (tests; a process that wants the memory back)."""
+    with _lock:
+        _entries.clear()
+        _samples.clear()
+        _held[0] = 0
