@@ -331,6 +331,16 @@ def test_softmax_kernels_match_definition(shape: tuple[int, int], log: bool) -> 
         _assert_softmax(cols, x, 0, log)
         S.softmax_columns(x, cols, 3, shape[1], log, np.empty((5, shape[1]), dtype=F32))  # a column range
         _assert_softmax(cols[:, 3:], x[:, 3:], 0, log)
+        for stream in (False, True):
+            panel = np.full_like(x, 7.0)
+            w = shape[1] - 3
+            S.softmax_panel(x, panel, 3, shape[1], log, np.empty((shape[0], w), F32), _work(w), stream)
+            _assert_softmax(panel[:, 3:], x[:, 3:], 0, log)
+            assert (panel[:, :3] == 7.0).all()  # nothing written outside the column range
+
+
+def _work(width: int) -> Any:
+    return np.empty((5, width), dtype=F32)
 
 
 @pytest.mark.parametrize("log", [False, True])
@@ -342,13 +352,17 @@ def test_softmax_kernels_special_values_and_in_place(log: bool) -> None:
     x[3, :] = -np.inf  # an all -inf row: NaN
     x[:, 5] = -np.inf  # an all -inf column: NaN
     x[7, 7], x[9, 9], x[11, 12], x[20, 20] = np.nan, np.inf, -np.inf, -np.nan
-    x[:60, 30] = -np.inf  # -inf blocks, then finite values (the running sums restart)
+    x[: S.BLOCK_ROWS + 2, 30] = -np.inf  # -inf blocks, then finite values (the running sums restart)
     x[40, 40] = 1e30  # a huge value among ordinary ones
     rows, cols = x.copy(), x.copy()
     S.softmax_rows(rows, rows, 0, 70, log, np.empty(45, dtype=F32))
     _assert_softmax(rows, x, 1, log)
     S.softmax_columns(cols, cols, 0, 45, log, np.empty((5, 45), dtype=F32))
     _assert_softmax(cols, x, 0, log)
+    for stream in (False, True):
+        panel = x.copy()
+        S.softmax_panel(panel, panel, 0, 45, log, np.empty((70, 45), dtype=F32), _work(45), stream)
+        _assert_softmax(panel, x, 0, log)
 
 
 # --------------------------------------------------------------------------- attention kernel

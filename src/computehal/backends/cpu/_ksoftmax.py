@@ -74,9 +74,9 @@ _KEY_INF = np.int32(0x7F800000)  # order key of +inf (its own bits)
 _KEY_NEG_INF = np.int32(-0x7F800001)  # order key of -inf (0xFF800000 ^ 0x7FFFFFFF)
 
 #: Rows per block of the column softmax's first pass (read twice while in L2).
-BLOCK_ROWS = 32
+BLOCK_ROWS = 64
 #: Rows ahead whose column segments :func:`softmax_panel` prefetches.
-_AHEAD = 16
+_AHEAD = 80
 
 
 @jit
