@@ -47,6 +47,12 @@ with ``computehal bench`` (ratios in the module docstrings of each algorithm):
   filter transform too (256 channels at 14x14, batch 8, F(4x4, 3x3): 10.0-13.1 ms vs
   11.8-15.9 through the backend).
 
+* im2col multiplies padding zeros by the filter, so a filter holding inf or NaN must go
+  to the exact algorithm; that is checked on whichever is smaller, the filter before or
+  the output after (:func:`_im2col_checked`). Scanning the 9.4 MB filter of ResNet's
+  512-channel layers every call had cost a quarter of their time at batch 1 (CPU time,
+  one core: 3x3 at 7x7 4.7-4.8 -> 3.1-4.0 ms, stride 2 at 14x14 4.6 -> 2.9-3.1 ms).
+
 What still limits the rows that miss 0.8 of sgemm is the BLAS, not the split: OpenBLAS
 runs ResNet's 256 -> 64 1x1 product (64 x 256 x 3136 per image) at 0.55-0.6 of its
 square-matrix rate once the images come from memory rather than cache (0.76 on one
@@ -123,16 +129,43 @@ def pointwise_applies(p: v.ConvProblem) -> bool:
     )
 
 
-def _im2col_applies(p: v.ConvProblem, f: FloatArray) -> bool:
-    padded = bool(p.ph or p.pw or p.pb or p.pr)
+def _im2col_applies(p: v.ConvProblem) -> bool:
     return (
         p.groups == 1
         and p.dtype in (np.float32, np.float64)
         and _macs(p) >= GEMM_MIN_MACS
         and (p.sh > 1 or p.sw > 1 or p.c < WINOGRAD_MIN_CHANNELS or p.oh * p.ow < 256)
         and kernels("_kcols") is not None
-        and not (padded and not np.isfinite(f).all())
     )
+
+
+def _finite(a: FloatArray) -> bool:
+    return bool(np.isfinite(a).all())
+
+
+def _im2col_checked(
+    p: v.ConvProblem,
+    x: FloatArray,
+    f: FloatArray,
+    bias: FloatArray | None,
+    y: FloatArray,
+    geometry: tuple[int, ...],
+) -> bool:
+    """im2col into ``y``, False where padding zeros met a non-finite filter value (``y`` then undefined).
+
+    im2col multiplies padding zeros by the filter, so an inf or NaN in it would reach
+    outputs the definition keeps finite. Whichever of the filter and the output is
+    smaller is checked: the filter before (the stem), or the output after (ResNet's
+    512-channel 3x3 layers at batch 1, where scanning the 9.4 MB filter took a quarter
+    of the call): every filter value multiplies something for every output pixel, so
+    an all-finite output means the filter was finite.
+    """
+    padded = bool(geometry[0] or geometry[1] or p.pb or p.pr)
+    filter_first = f.size <= y.size
+    if padded and filter_first and not _finite(f):
+        return False
+    im2col_forward(x, f, bias, y, geometry)
+    return not (padded and not filter_first and not _finite(y) and not _finite(f))
 
 
 def forward_algorithm(p: v.ConvProblem, f: FloatArray) -> str:
@@ -143,7 +176,7 @@ def forward_algorithm(p: v.ConvProblem, f: FloatArray) -> str:
         return "winograd"
     if winograd2_applies(p):
         return "winograd2"
-    if _im2col_applies(p, f):
+    if _im2col_applies(p):
         return "im2col"
     return ""
 
@@ -201,7 +234,11 @@ def winograd2_applies(p: v.ConvProblem) -> bool:
 def fast_forward(
     p: v.ConvProblem, x: FloatArray, f: FloatArray, y: FloatArray, bias: FloatArray | None
 ) -> bool:
-    """``y`` = forward convolution (plus ``bias``) by a shape-specific algorithm, if one applies."""
+    """``y`` = forward convolution (plus ``bias``) by a shape-specific algorithm, if one applies.
+
+    False leaves the problem to the general algorithms, which then overwrite ``y`` (an
+    im2col attempt that met a non-finite filter may have written it).
+    """
     algorithm = forward_algorithm(p, f)
     if algorithm == "pointwise":
         pointwise_forward(x, f, bias, y, p.sh, p.sw)
@@ -212,9 +249,8 @@ def fast_forward(
     elif algorithm == "im2col" and (tile := cached_winograd_tile(p)):
         if winograd_forward(x, f, bias, y, p.ph, p.pw, tile, cached_only=True):
             return True
-    if algorithm == "im2col" or (algorithm.startswith("winograd") and _im2col_applies(p, f)):
-        im2col_forward(x, f, bias, y, (p.ph, p.pw, p.sh, p.sw, p.dh, p.dw))
-        return True
+    if algorithm == "im2col" or (algorithm.startswith("winograd") and _im2col_applies(p)):
+        return _im2col_checked(p, x, f, bias, y, (p.ph, p.pw, p.sh, p.sw, p.dh, p.dw))
     return False
 
 
@@ -227,7 +263,7 @@ def fast_backward_data(p: v.ConvProblem, gy: FloatArray, f: FloatArray, gx: Floa
         return True
     if winograd2_applies(p) and winograd_backward_data(gy, f, gx, p.ph, p.pw, 2):
         return True
-    if p.sh == p.sw == 1 and p.oh * p.ow < 256 and _im2col_applies(p, f) and np.isfinite(f).all():
+    if p.sh == p.sw == 1 and p.oh * p.ow < 256 and _im2col_applies(p) and _finite(f):
         # Stride 1, small images: the forward convolution of gy with the flipped filter,
         # K and C swapped, padded by the dilated filter's extent less the padding.
         flipped = np.ascontiguousarray(f[:, :, ::-1, ::-1].transpose(1, 0, 2, 3))

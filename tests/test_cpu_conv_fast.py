@@ -1,0 +1,149 @@
+"""The CPU backend's convolution speed-ups against independent definitions.
+
+The compiled product of :mod:`computehal.backends.cpu._kgemm` against float64 (and
+nothing written outside its operands); the Winograd filter cache never serving a
+transform for bytes the filter no longer holds; im2col's after-the-fact finiteness
+check keeping inf and NaN to the outputs that read them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from computehal.backends.cpu import CpuBackend
+from computehal.backends.cpu._conv_winograd import winograd_forward
+from test_cpu_perf import F32, _backend_conv, _data, _forward64, _within_kit_tolerance
+
+
+@pytest.fixture(scope="module")
+def cpu() -> Any:
+    be = CpuBackend()
+    be.init()
+    yield be
+    be.close()
+
+
+@pytest.mark.parametrize(
+    "rows, depth, width, block, chunk",
+    [(9, 3, 37, 32, 3), (16, 64, 100, 64, 64), (7, 1, 5, 32, 1), (24, 20, 64, 32, 8), (17, 150, 70, 64, 64)],
+)
+def test_compiled_product_matches_float64_and_stays_inside(
+    rows: int, depth: int, width: int, block: int, chunk: int
+) -> None:
+    """The compiled convolution product: y = f @ x + bias on strided rows, nothing else written."""
+    from computehal.backends.cpu._runtime import kernels
+
+    compiled = kernels("_kgemm")
+    if compiled is None:
+        pytest.skip("numba kernels unavailable")
+    rng = np.random.default_rng(17)
+    f_ld, x_ld, y_ld = depth + 3, width + 5, width + 7
+    f = rng.standard_normal(rows * f_ld).astype(np.float32)
+    x = rng.standard_normal(depth * x_ld).astype(np.float32)
+    bias = rng.standard_normal(rows).astype(np.float32)
+    y = np.full(rows * y_ld + 40, np.nan, dtype=np.float32)
+    compiled.product(f, f_ld, x, x_ld, bias, y, y_ld, rows, depth, width, block, chunk)
+    fm = f.reshape(rows, f_ld)[:, :depth].astype(np.float64)
+    xm = x.reshape(depth, x_ld)[:, :width].astype(np.float64)
+    want = fm @ xm + bias[:, None]
+    mag = np.abs(fm) @ np.abs(xm) + np.abs(bias)[:, None]
+    got = y[: rows * y_ld].reshape(rows, y_ld)
+    assert np.all(np.abs(got[:, :width] - want) <= 2 * (depth + 2) * np.finfo(np.float32).eps * mag)
+    assert np.isnan(got[:, width:]).all() and np.isnan(y[rows * y_ld :]).all()
+
+
+@pytest.mark.parametrize("tile", [4, 2])
+def test_winograd_cache_never_serves_a_changed_filter(tile: int) -> None:
+    """The transformed filter is reused only for the bytes it was made from (same address, new values)."""
+    from computehal.backends.cpu import _winograd_cache
+
+    _winograd_cache.clear()
+    shape = (2, 20, 18, 11, 13, (1, 1, 1, 1))
+    x, f, _ = _data(shape, 5)
+    pads = shape[5]
+    rng = np.random.default_rng(7)
+    for step in range(5):
+        if step == 3:
+            f[...] = rng.standard_normal(f.shape).astype(F32)  # written in place: same address
+        want = _forward64(x, f, pads)
+        mag = _forward64(np.abs(x), np.abs(f), pads)
+        y = np.full(want.shape, np.nan, dtype=F32)
+        assert winograd_forward(x, f, None, y, pads[0], pads[1], tile)
+        _within_kit_tolerance(y, want, mag, x.shape[1] * 9)
+        # Stored from the second sighting of the same bytes on.
+        assert (_winograd_cache.lookup(f, tile) is not None) == (step in (1, 2, 4))
+    _winograd_cache.clear()
+
+
+def test_cached_only_winograd_declines_a_new_filter() -> None:
+    from computehal.backends.cpu import _winograd_cache
+
+    _winograd_cache.clear()
+    x, f, _ = _data((1, 16, 16, 9, 9, (1, 1, 1, 1)), 6)
+    y = np.full((1, 16, 9, 9), np.nan, dtype=F32)
+    assert not winograd_forward(x, f, None, y, 1, 1, 4, cached_only=True)
+    assert np.isnan(y).all()  # nothing written
+    assert winograd_forward(x, f, None, y, 1, 1, 4, cached_only=True)  # seen before: transformed, stored
+    assert _winograd_cache.lookup(f, 4) is not None
+    _within_kit_tolerance(
+        y, _forward64(x, f, (1, 1, 1, 1)), _forward64(np.abs(x), np.abs(f), (1, 1, 1, 1)), 144
+    )
+    _winograd_cache.clear()
+
+
+def test_backend_cached_winograd_follows_filter_writes(cpu: CpuBackend) -> None:
+    """A shape that takes Winograd only with a cached transform: right before, while and after caching."""
+    from computehal import validation as v
+    from computehal.backends.cpu import _winograd_cache
+    from computehal.backends.cpu._conv_select import cached_winograd_tile
+    from computehal.memory import Region
+
+    _winograd_cache.clear()
+    region = Region(None, 0, 0)  # type: ignore[arg-type]
+    probe = v.ConvForwardProblem(
+        2, 48, 15, 15, 48, 3, 3, 15, 15, 1, 1, 1, 1, region, region, region, np.dtype(F32), pb=1, pr=1
+    )
+    assert cached_winograd_tile(probe) == 4
+    x, f, _ = _data((2, 48, 48, 15, 15, (1, 1, 1, 1)), 10)
+    px, pf, py = cpu.alloc(x.nbytes), cpu.alloc(f.nbytes), cpu.alloc(2 * 48 * 15 * 15 * 4)
+    try:
+        cpu.copy_htod(px, x)
+        for step in range(6):
+            if step in (0, 4):
+                f = np.random.default_rng(step).standard_normal(f.shape).astype(F32)
+                cpu.copy_htod(pf, f)
+            cpu.conv2d_forward(px, list(x.shape), pf, list(f.shape), py, [2, 48, 15, 15], [1, 1], [1, 1])
+            got = np.empty((2, 48, 15, 15), dtype=F32)
+            cpu.copy_dtoh(got, py)
+            want = _forward64(x, f, (1, 1, 1, 1))
+            _within_kit_tolerance(got, want, _forward64(np.abs(x), np.abs(f), (1, 1, 1, 1)), 48 * 9)
+            view = cpu.host_view(pf, f.nbytes)
+            assert view is not None
+            stored = _winograd_cache.lookup(np.frombuffer(view, dtype=F32).reshape(f.shape), 4)
+            assert (stored is not None) == (step in (1, 2, 3, 5))
+    finally:
+        for ptr in (px, pf, py):
+            cpu.free(ptr)
+
+
+def test_backend_im2col_nonfinite_filter_reaches_only_readers(cpu: CpuBackend) -> None:
+    """Filter larger than the output (checked after im2col): a corner tap's inf spares padding outputs."""
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((1, 128, 7, 7)).astype(F32)
+    f = rng.standard_normal((128, 128, 3, 3)).astype(F32)
+    f[3, 5, 0, 0] = np.inf
+    want = np.zeros((1, 128, 7, 7))
+    with np.errstate(invalid="ignore"):
+        for r in range(3):
+            for s in range(3):
+                h0, h1, w0, w1 = max(0, 1 - r), min(7, 8 - r), max(0, 1 - s), min(7, 8 - s)
+                win = x[0, :, h0 + r - 1 : h1 + r - 1, w0 + s - 1 : w1 + s - 1].astype(np.float64)
+                want[0, :, h0:h1, w0:w1] += np.einsum("kc,chw->khw", f[:, :, r, s].astype(np.float64), win)
+    got = _backend_conv(cpu, x, f, [1, 1, 1, 1])
+    assert np.array_equal(np.isnan(got), np.isnan(want)) and np.array_equal(np.isinf(got), np.isinf(want))
+    assert np.isfinite(got[0, 3, 0, :]).all() and np.isfinite(got[0, 3, :, 0]).all()
+    finite = np.isfinite(want)
+    assert np.allclose(got[finite], want[finite], rtol=1e-4, atol=1e-3)
