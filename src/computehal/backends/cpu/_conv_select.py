@@ -37,7 +37,6 @@ with ``computehal bench`` (ratios in the module docstrings of each algorithm):
   with the bias as one more column): copying the 512-channel filter for its bias was a
   fifth of that layer's time at batch 1 (CPU time on one core 4.1-5.1 ms, 3.5 ms
   without the copy; the strided 512-channel 3x3 layer at 14x14 alike).
-
 * Transformed Winograd filters are kept between calls (:mod:`._winograd_cache`, checked
   against a copy of the filter's bytes on every use, so no write or free can make it
   stale), which moves two more shapes to Winograd once their filter has been seen
@@ -46,23 +45,27 @@ with ``computehal bench`` (ratios in the module docstrings of each algorithm):
   1, F(2x2, 3x3) (1.9-2.8 ms vs 2.5-3.4); the shapes Winograd already took skip their
   filter transform too (256 channels at 14x14, batch 8, F(4x4, 3x3): 10.0-13.1 ms vs
   11.8-15.9 through the backend).
-
 * im2col multiplies padding zeros by the filter, so a filter holding inf or NaN must go
   to the exact algorithm; that is checked on whichever is smaller, the filter before or
   the output after (:func:`_im2col_checked`). Scanning the 9.4 MB filter of ResNet's
   512-channel layers every call had cost a quarter of their time at batch 1 (CPU time,
   one core: 3x3 at 7x7 4.7-4.8 -> 3.1-4.0 ms, stride 2 at 14x14 4.6 -> 2.9-3.1 ms).
 
-What still limits the rows that miss 0.8 of sgemm is the BLAS, not the split: OpenBLAS
-runs ResNet's 256 -> 64 1x1 product (64 x 256 x 3136 per image) at 0.55-0.6 of its
-square-matrix rate once the images come from memory rather than cache (0.76 on one
-image over and over), the stem's 64 x 147 x 1783 blocks at about 0.85 before their
-columns are built (about 16 % of the stem's time), and 512 x 4608 x 49-392 products at
-0.65-0.9.
+What still limits the rows that miss 0.8 of sgemm is the product, not the split:
+OpenBLAS runs ResNet's 256 -> 64 1x1 product (64 x 256 x 3136 per image) at 0.55-0.6 of
+its square-matrix rate once the images come from memory rather than cache (0.76 on one
+image over and over; the compiled kernel reaches about 0.6 too, packing its tiles or
+prefetching the next block gained nothing); the stem (8 images, one core) spends
+2.5-3 ms building columns and 15 ms in 64 x 148 x 1792 products (about 0.6 of the
+square rate, BLAS and the compiled kernel alike, 83-86 GFLOP/s) and 4 ms more writing
+its 25.7 MB output (non-temporal stores gained nothing); deep products on few pixels
+(batch 1 from 14x14 down) stay at 0.65-0.9 in BLAS. On one core the 3x3 rows and the
+64 -> 256 1x1 row reach 0.8-1.0 of a one-thread sgemm; what the two-core bench loses
+beyond that could not be measured on the shared machine this was written on.
 
-No oneDNN build with a C API installs from a wheel here (no ``onednn`` / ``dnnl``
-package on the index), so the algorithms are written with numba and NumPy's / SciPy's
-BLAS.
+``onednn`` on PyPI ships oneDNN with its C API, but only beside about 600 MB of Intel
+SYCL / OpenCL runtime wheels; the algorithms here are written with numba, LLVM IR and
+NumPy's / SciPy's BLAS instead.
 """
 
 from __future__ import annotations
