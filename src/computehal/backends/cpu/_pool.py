@@ -19,7 +19,8 @@ __all__ = ["PoolOps", "tap_outputs"]
 #: Global pooling of fewer input elements runs on the calling thread: the compiled
 #: reduction reads about 22 GB/s on one core (nearly this host's copy bandwidth), so a
 #: second thread saves little on a few MiB while waking it costs tens of microseconds
-#: (8 x 2048 x 7 x 7: 206 us on one thread, 237 us on two, measured interleaved).
+#: (8 x 2048 x 7 x 7 with other processes running: 206 us a call on one thread, 237 us
+#: on two; the benchmark row went from 0.60-0.95 to 1.20-1.22 of the copy ceiling).
 GLOBAL_SERIAL_ELEMENTS = 1 << 22
 
 
