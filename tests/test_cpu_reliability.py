@@ -231,3 +231,30 @@ def test_borrow_host_memory(be: CpuBackend) -> None:
     with pytest.raises(InvalidArgumentError):
         be.borrow(mine, 64, None)  # overlaps a live allocation
     be.free(mine)
+
+
+def test_blas_limit_holds_in_every_caller_thread() -> None:
+    """The limit is taken and released from any thread, not only the first one that set it.
+
+    threadpoolctl (3.8 on) ignores a pthreads OpenBLAS limit set from a Python thread other
+    than the one that first set one; the backend's limit must not depend on that.
+    """
+    from computehal.backends.cpu._runtime import single_threaded_blas
+
+    before = _blas_threads()
+    if not before or max(before) == 1:
+        pytest.skip("BLAS runs one thread here already")
+    with single_threaded_blas():  # this thread sets a limit first
+        pass
+    seen: list[list[int]] = []
+
+    def other() -> None:
+        with single_threaded_blas():
+            seen.append(_blas_threads())
+        seen.append(_blas_threads())
+
+    worker = threading.Thread(target=other)
+    worker.start()
+    worker.join(timeout=60)
+    assert seen == [[1] * len(before), before]
+    assert _blas_threads() == before

@@ -111,6 +111,14 @@ class _BlasLimit:
     built once, since building one rescans every loaded library, and the limit is set
     on its BLAS libraries directly (threadpoolctl's ``limit`` re-reads every library's
     description each time: tens of microseconds, paid by every convolution call).
+
+    The counts are set through the library's own setter (threadpoolctl's
+    ``_real_set_num_threads`` where it has one): from threadpoolctl 3.8 on, the public
+    ``set_num_threads`` of a pthreads OpenBLAS does nothing unless called from the one
+    Python thread that first set a limit, so a limit taken or released in any other
+    caller thread was silently dropped (BLAS then spun its own threads beside the
+    workers, or stayed single-threaded after the last holder left). This class's lock
+    already serialises every change.
     """
 
     def __init__(self) -> None:
@@ -137,7 +145,7 @@ class _BlasLimit:
                 self._saved = [(lib, lib.get_num_threads()) for lib in self._blas_libraries()]
                 for lib, count in self._saved:
                     if count != 1:
-                        lib.set_num_threads(1)
+                        _set_threads(lib, 1)
             self._holders += 1
 
     def leave(self) -> None:
@@ -149,7 +157,13 @@ class _BlasLimit:
                 saved, self._saved = self._saved, []
                 for lib, count in saved:
                     if count != 1:
-                        lib.set_num_threads(count)
+                        _set_threads(lib, count)
+
+
+def _set_threads(lib: Any, count: int) -> None:
+    """Set a threadpoolctl BLAS controller's thread count from whichever thread calls."""
+    setter = getattr(lib, "_real_set_num_threads", None) or lib.set_num_threads
+    setter(count)
 
 
 _BLAS_LIMIT = _BlasLimit()
