@@ -26,7 +26,7 @@ import numpy as np
 
 from ..backend import ComputeBackend
 from ..errors import InvalidArgumentError, UnsupportedError
-from ._borrow import BorrowedInputs, borrowable
+from ._borrow import BorrowedInputs, blocked_storages, borrowable_outputs
 from ._lowering import LoweringContext
 from ._memory import Block, naive_size, place
 from ._partition import FALLBACK, HOST, PRIMARY, NodePlan
@@ -172,11 +172,11 @@ class ExecutablePlan:
             if where != HOST and isinstance(op, Call) and op.method in ("unary", "binary"):
                 self.parts[where].share_in_place(step, op)
         self._allocate()
-        excluded = [item.storage for kind, item in self.outputs if kind == PRIMARY]
-        inputs = [storage for where, storage in self._inputs if where == PRIMARY]
-        self._borrowed = BorrowedInputs(primary, borrowable(self._ops, inputs, excluded))
+        self._borrowed = self._borrowable(primary)
         self._steps = [self._bind(where, op) for where, op in self._ops]
         self._input_steps = [self._bind_input(where, name, s) for where, name, s in self._input_uploads()]
+        if self._borrowed.outputs:
+            self._input_steps.append(self._borrowed.output_step())
 
     # ------------------------------------------------------------------ building
 
@@ -264,6 +264,17 @@ class ExecutablePlan:
         tensor = self.ctx.device[name]
         where = tensor.storage.home or PRIMARY
         return (where, self._resolve(tensor, where))
+
+    def _borrowable(self, backend: ComputeBackend) -> BorrowedInputs:
+        """The primary partition's inputs and outputs its calls may use in the caller's arrays."""
+        part = self.parts[PRIMARY]
+        blocked = blocked_storages(self._ops, part.canonical)
+        tensors = [item for kind, item in self.outputs if kind == PRIMARY]
+        blocked.update(t.storage for t in tensors if t.storage.kind == "input")
+        inputs = [s for where, s in self._inputs if where == PRIMARY and s not in blocked]
+        outputs = borrowable_outputs(tensors, part.canonical, blocked)
+        at = {s: (t, part.arena + part.storages[s].offset) for s, t in outputs.items()}
+        return BorrowedInputs(backend, inputs, at)
 
     def _input_uploads(self) -> list[tuple[str, str, Storage]]:
         return [(where, storage.label, storage) for where, storage in self._inputs]
@@ -354,6 +365,10 @@ class ExecutablePlan:
         if kind == "host":
             return np.array(values[item], copy=True)
         tensor: DeviceTensor = item
+        if kind == PRIMARY:
+            written = self._borrowed.fetched(self.parts[kind].canonical(tensor.storage), values)
+            if written is not None:
+                return written
         out = np.empty(tensor.shape, dtype=tensor.dtype)
         if out.size:
             part = self.parts[kind]
