@@ -470,3 +470,27 @@ def test_lrn_float32_running_sum_cancellation() -> None:
         out = np.full_like(x, 7.0)
         N.lrn_planes_f32(x, out, 0, 96, size, alpha, bias, False, np.empty(96, dtype=F32))
         np.testing.assert_allclose(out, want, rtol=16 * 2.0**-23, atol=0)
+
+
+@pytest.mark.parametrize("cols", [1, 7, 15, 16, 17, 33, 49, 100])
+def test_global_means_f32(cols: int) -> None:
+    """Row means through 16 partial sums: within (cols / 16 + 4) roundoffs, NaN / inf carried."""
+    from computehal.backends.cpu import _kpool
+
+    rng = np.random.default_rng(cols)
+    rows = 37
+    # Rows follow each other in one buffer: a tail that read past its row would add the
+    # next row's values.
+    x = (rng.standard_normal((rows, cols)) * 10.0 ** rng.integers(-3, 4, (rows, 1))).astype(np.float32)
+    x[3, cols // 2] = np.nan
+    x[5, 0] = np.inf
+    if cols > 1:
+        x[6, :2] = (np.inf, -np.inf)
+    out = np.full(rows, -7.0, dtype=np.float32)
+    _kpool.global_means_f32(x, out)
+    want = x.astype(np.float64).sum(axis=1) / cols
+    finite = np.isfinite(want)
+    eps = float(np.finfo(np.float32).eps)
+    tol = (cols / 16 + 4) * eps * np.abs(x[finite]).astype(np.float64).sum(axis=1) / cols * 1.01
+    assert np.all(np.abs(out[finite] - want[finite]) <= tol + 1e-38)
+    np.testing.assert_array_equal(out[~finite], want[~finite].astype(np.float32))

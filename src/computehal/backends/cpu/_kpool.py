@@ -32,7 +32,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from ._kpoolv import LANES, fold_rows, fold_stride2
+from ._kpoolv import LANES, fold_rows, fold_stride2, sum_f32
 from ._nb import jit, jit_reassoc, prefetch, wide_vectors
 
 __all__ = ["global_planes", "pool_planes", "tap_range", "tap_range_cols", "column_plan", "warm_up"]
@@ -331,6 +331,27 @@ def global_planes(x: Any, out: Any, is_max: bool) -> None:
             out[r] = total / cols
 
 
+@_jit
+def global_means_f32(x: Any, out: Any) -> None:
+    """Global average pooling of float32 rows: ``out[p]`` = mean of row ``p`` of 2-D ``x``.
+
+    Each row is summed in 16 float32 partial sums (:func:`._kpoolv.sum_f32`, whole vectors
+    and one masked load), which the float64 scalar loop of :func:`global_planes` could not
+    be: LLVM vectorises that loop four vectors at a time, and a 7x7 image's 49 values never
+    fill them, so every value went through the scalar remainder (about 12 ns a row on this
+    Xeon, compute-bound at 16 GB/s of input on one core). The error stays within ``(cols / 16
+    + 4)`` float32 roundoffs of the sum of magnitudes, inside the contract's tolerance.
+    """
+    rows, cols = x.shape
+    xf = x.reshape(-1)
+    ahead = 0
+    for r in range(rows):
+        while ahead < r * cols + PREFETCH_BYTES // 4:
+            prefetch(xf, ahead)
+            ahead += 16
+        out[r] = sum_f32(xf, r * cols, cols) / np.float32(cols)
+
+
 def warm_up() -> None:
     """Compile (or load from numba's cache) the kernel for float32 and float64."""
     geometry = np.array([2, 2, 1, 1, 0, 0, 0, 0, 1, 1], dtype=np.int64)
@@ -341,3 +362,4 @@ def warm_up() -> None:
             for include in (False, True):
                 pool_planes(x, out, geometry, is_max, include)
             global_planes(x.reshape(1, 4), out.reshape(1), is_max)
+    global_means_f32(np.ones((2, 21), dtype=np.float32), np.empty(2, dtype=np.float32))

@@ -17,9 +17,10 @@ from typing import Any
 
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["LANES", "fold_stride2"]
+__all__ = ["LANES", "fold_rows", "fold_stride2", "sum_f32"]
 
 #: Outputs per call.
 LANES = 16
@@ -146,3 +147,49 @@ def fold_rows(
         return None
     sig = types.void(xf, src, step, row, at, low, rows, is_max)
     return sig, _rows_codegen(rows.literal_value, is_max.literal_value)
+
+
+def _sum_codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+    f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+    vec, mask_t = ir.VectorType(f32, LANES), ir.VectorType(ir.IntType(1), LANES)
+    kind = ir.FunctionType(vec, [vec.as_pointer(), i32, mask_t, vec])
+    load = cgutils.get_or_insert_function(builder.module, kind, "llvm.masked.load.v16f32.p0")
+    xf = context.make_array(signature.args[0])(context, builder, args[0]).data
+    start, count = (context.cast(builder, args[i], signature.args[i], types.int64) for i in (1, 2))
+    first = builder.gep(xf, [start])
+    zero = ir.Constant(vec, [0.0] * LANES)
+    acc = cgutils.alloca_once_value(builder, zero)
+    whole = builder.udiv(count, i64(LANES))
+    with cgutils.for_range(builder, whole) as loop:
+        at = builder.gep(first, [builder.mul(loop.index, i64(LANES))])
+        v = builder.load(builder.bitcast(at, vec.as_pointer()), align=4)
+        builder.store(builder.fadd(builder.load(acc), v), acc)
+    # The rest (0-15 values) through a masked load: the lanes past the row are not read.
+    done = builder.mul(whole, i64(LANES))
+    rest = builder.sub(count, done)
+    one = builder.insert_element(ir.Constant(ir.VectorType(i64, LANES), ir.Undefined), rest, i32(0))
+    spread = builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(i32, LANES), [0] * LANES))
+    mask = builder.icmp_signed("<", ir.Constant(ir.VectorType(i64, LANES), list(range(LANES))), spread)
+    where = builder.bitcast(builder.gep(first, [done]), vec.as_pointer())
+    tail = builder.call(load, [where, i32(4), mask, zero])
+    value = builder.fadd(builder.load(acc), tail)
+    width = LANES
+    while width > 1:  # pairwise halving: lane i += lane i + width / 2
+        width //= 2
+        upper = ir.Constant(ir.VectorType(i32, LANES), [i + width if i < width else i for i in range(LANES)])
+        value = builder.fadd(value, builder.shuffle_vector(value, value, upper))
+    return builder.extract_element(value, i32(0))
+
+
+@intrinsic
+def sum_f32(typingctx: Any, xf: Any, start: Any, count: Any) -> Any:
+    """Sum of ``xf[start:start + count]`` (float32, 1-D): 16 partial sums, then pairwise halving.
+
+    Each partial sum adds every 16th value in order, so the result's rounding error is at
+    most ``(count / 16 + 4)`` units of float32 roundoff times the sum of magnitudes.
+    """
+    if not isinstance(xf, types.Array) or xf.dtype != types.float32 or xf.ndim != 1:
+        return None
+    if not all(isinstance(a, types.Integer) for a in (start, count)):
+        return None
+    return types.float32(xf, start, count), _sum_codegen

@@ -84,6 +84,9 @@ class PoolOps(CpuPlumbing):
         is_max = p.op is PoolOp.MAX
 
         def run(start: int, stop: int) -> None:
+            if compiled is not None and not is_max and flat.dtype == np.float32:
+                compiled.global_means_f32(flat[start:stop], result[start:stop])
+                return
             if compiled is not None:  # (compiled code raises no floating-point warnings)
                 compiled.global_planes(flat[start:stop], result[start:stop], is_max)
                 return
