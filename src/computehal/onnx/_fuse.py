@@ -108,6 +108,23 @@ def _other(node: Node, name: str) -> str | None:
     return inputs[1] if inputs[0] == name else inputs[0]
 
 
+def _residual(v: _View, add: Node | None, value: str, shape: Any, dtype: Any) -> str | None:
+    """The tensor ``add`` adds to ``value`` when it is a residual of the same shape and dtype."""
+    if add is None:
+        return None
+    other = _other(add, value)
+    if (
+        other
+        and other != value
+        and v.const(other) is None
+        and v.shape(other) == shape
+        and v.dtype(other) == dtype
+        and v.shape(add.outputs[0]) == shape
+    ):
+        return other
+    return None
+
+
 def _make(op: str, name: str, inputs: list[str], output: str, **attrs: Any) -> Node:
     proto = helper.make_node(op, inputs, [output], name=name, **attrs)
     return Node.from_proto(proto, 0)
@@ -296,18 +313,10 @@ def _matmul_add(v: _View, mm: Node) -> tuple[Node, list[Node]] | None:
                 bias, value = other or "", add.outputs[0]
                 nodes.append(add)
                 add = v.only_consumer(value, "Add")
-    if add is not None:
-        other = _other(add, value)
-        if (
-            other
-            and other != value
-            and v.const(other) is None
-            and v.shape(other) == out_shape
-            and v.dtype(other) == dtype
-            and v.shape(add.outputs[0]) == out_shape
-        ):
-            residual, value = other, add.outputs[0]
-            nodes.append(add)
+    other = _residual(v, add, value, out_shape, dtype)
+    if add is not None and other is not None:
+        residual, value = other, add.outputs[0]
+        nodes.append(add)
     if len(nodes) == 1:
         return None
     last = nodes[-1]
@@ -328,18 +337,10 @@ def _conv_epilogue(v: _View, conv: Node) -> tuple[Node, list[Node]] | None:
     nodes = [conv]
     residual = ""
     add = v.only_consumer(value, "Add") or v.only_consumer(value, "Sum")  # Sum: two inputs only
-    if add is not None:
-        other = _other(add, value)
-        if (
-            other
-            and other != value
-            and v.const(other) is None
-            and v.shape(other) == out_shape
-            and v.dtype(other) == dtype
-            and v.shape(add.outputs[0]) == out_shape
-        ):
-            residual, value = other, add.outputs[0]
-            nodes.append(add)
+    other = _residual(v, add, value, out_shape, dtype)
+    if add is not None and other is not None:
+        residual, value = other, add.outputs[0]
+        nodes.append(add)
     relu = v.only_consumer(value, "Relu")
     activation = ""
     if relu is not None and v.shape(relu.outputs[0]) == out_shape:
