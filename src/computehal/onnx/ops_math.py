@@ -261,7 +261,8 @@ def matmul_add(lw: Lowerer) -> None:
     """``x @ W (+ bias) (+ residual)`` as GEMMs accumulating into the output.
 
     The output first holds the residual (a copy) and / or the bias broadcast over the rows
-    (a rank-1 GEMM of a column of ones and the bias; a copy or an addition for one row),
+    (a broadcast copy; with a residual, a rank-1 GEMM of a column of ones and the bias; a
+    copy or an addition for one row),
     then the product is accumulated into it with ``beta = 1``: no separate pass over the
     output for each ``Add``.
     """
@@ -282,6 +283,11 @@ def matmul_add(lw: Lowerer) -> None:
             lw.call("copy_dtod", y, bias, y.nbytes)
         elif rows == 1:
             lw.call("binary", "add", y, bias, y, n, dtype=dt)
+        elif beta == 0.0:
+            # A broadcast copy (source row stride 0) rather than a rank-1 GEMM, which
+            # BLAS packs for one multiply-add per element: on the CPU, 128 x 3072 took
+            # 0.29 ms as a copy against 0.48 ms as a GEMM.
+            lw.call("copy_strided", y, bias, (rows, n), (0, 1), (n, 1), dtype=dt)
         else:
             ones = lw.weight(np.ones(rows, dtype=y.dtype), "ones", key=f"ones:{rows}:{dt}")
             lw.call("gemm", "N", "N", n, rows, 1, 1.0, bias, n, ones, 1, beta, y, n, dtype=dt)
