@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -101,50 +102,26 @@ def _epilogue_value(
 
 def conv_epilogue_cases() -> list[Case]:
     """The epilogue's cases, in the ``conv2d_forward`` group."""
-    op, plain, biased = "conv2d_forward", CONV_CONFIGS["3x3-s1-p1"], CONV_CONFIGS["bias"]
-    run = _epilogue_value
-    cases = []
+    plain, biased = CONV_CONFIGS["3x3-s1-p1"], CONV_CONFIGS["bias"]
+    cases: list[Case] = []
+
+    def add(label: str, cfg: ConvConfig, residual: str | None, activation: str | None, **kw: Any) -> None:
+        run = functools.partial(
+            _epilogue_value, name=label, cfg=cfg, residual=residual, activation=activation, **kw
+        )
+        cases.append(Case("conv2d_forward", label, run))
+
     for residual in ("disjoint", "output"):
         for cfg, tag in ((plain, ""), (biased, "-bias")):
-            label = f"epilogue-residual-{residual}{tag}"
-            cases.append(
-                Case(
-                    op, label, functools.partial(run, name=label, cfg=cfg, residual=residual, activation=None)
-                )
-            )
+            add(f"epilogue-residual-{residual}{tag}", cfg, residual, None)
     for act in EPILOGUE_ACTIVATIONS:
-        label = f"epilogue-{act}"
-        cases.append(
-            Case(op, label, functools.partial(run, name=label, cfg=plain, residual=None, activation=act))
-        )
+        add(f"epilogue-{act}", plain, None, act)
     for residual in ("disjoint", "output"):
         for cfg, tag in ((CONV_CONFIGS["all-extensions"], "-extensions"), (biased, "")):
-            label = f"epilogue-{residual}-relu{tag}"
-            cases.append(
-                Case(
-                    op,
-                    label,
-                    functools.partial(run, name=label, cfg=cfg, residual=residual, activation="relu"),
-                )
-            )
+            add(f"epilogue-{residual}-relu{tag}", cfg, residual, "relu")
     for dt in DTYPES:
-        for residual in ("disjoint", "output"):
-            label = f"epilogue-{residual}-silu-{SHORT[dt]}"
-            typed = replace(biased, dtype=dt)
-            cases.append(
-                Case(
-                    op,
-                    label,
-                    functools.partial(run, name=label, cfg=typed, residual=residual, activation="silu"),
-                )
-            )
-        label = f"epilogue-nan-relu-{SHORT[dt]}"
         typed = replace(biased, dtype=dt)
-        cases.append(
-            Case(
-                op,
-                label,
-                functools.partial(run, name=label, cfg=typed, residual="output", activation="relu", nan=True),
-            )
-        )
+        for residual in ("disjoint", "output"):
+            add(f"epilogue-{residual}-silu-{SHORT[dt]}", typed, residual, "silu")
+        add(f"epilogue-nan-relu-{SHORT[dt]}", typed, "output", "relu", nan=True)
     return cases
