@@ -178,6 +178,17 @@ def backend_factory(request: pytest.FixtureRequest) -> Callable[[], ComputeBacke
     return BACKEND_FACTORIES[name]
 
 
+@pytest.fixture(scope="module")
+def cpu_backend() -> Iterator[Any]:
+    """A fresh, initialised CPU backend for one test module (the CPU-specific tests)."""
+    from computehal.backends.cpu import CpuBackend
+
+    be = CpuBackend()
+    be.init()
+    yield be
+    be.close()
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     for backend in _SHARED.values():
         if not isinstance(backend, str):

@@ -156,15 +156,7 @@ def _backend_conv(be: CpuBackend, x: Any, f: Any, pads: list[int]) -> npt.NDArra
             be.free(ptr)
 
 
-@pytest.fixture(scope="module")
-def cpu() -> Any:
-    be = CpuBackend()
-    be.init()
-    yield be
-    be.close()
-
-
-def test_backend_takes_winograd_and_keeps_nan_semantics(cpu: CpuBackend) -> None:
+def test_backend_takes_winograd_and_keeps_nan_semantics(cpu_backend: CpuBackend) -> None:
     """A layer large enough for Winograd: exact where finite, the reference's pattern with inf."""
     x, f, _ = _data((1, 16, 16, 48, 48, (1, 1, 1, 1)), 9)
     pads = [1, 1, 1, 1]
@@ -178,9 +170,9 @@ def test_backend_takes_winograd_and_keeps_nan_semantics(cpu: CpuBackend) -> None
     assert winograd_applies(probe)
     want = _forward64(x, f, (1, 1, 1, 1))
     mag = _forward64(np.abs(x), np.abs(f), (1, 1, 1, 1))
-    _within_kit_tolerance(_backend_conv(cpu, x, f, pads), want, mag, 16 * 9)
+    _within_kit_tolerance(_backend_conv(cpu_backend, x, f, pads), want, mag, 16 * 9)
     x[0, 5, 10, 20] = np.inf
-    got = _backend_conv(cpu, x, f, pads)
+    got = _backend_conv(cpu_backend, x, f, pads)
     with np.errstate(invalid="ignore"):
         want = _forward64(x, f, (1, 1, 1, 1))
     assert np.array_equal(np.isnan(got), np.isnan(want))
@@ -466,23 +458,24 @@ def test_attention_kernel_nan_and_infinite_scores() -> None:
 
 
 @pytest.mark.parametrize("pads", [[1, 1, 1, 1], [0, 2, 1, 0], [3, 3, 3, 3]])
-def test_backend_small_image_data_gradient(cpu: CpuBackend, pads: list[int]) -> None:
+def test_backend_small_image_data_gradient(cpu_backend: CpuBackend, pads: list[int]) -> None:
     """Small images take the im2col route for the data gradient; checked against the definition."""
+    be = cpu_backend
     rng = np.random.default_rng(31)
     n, c, k, h, w = 2, 24, 20, 7, 6
     oh, ow = h + pads[0] + pads[2] - 2, w + pads[1] + pads[3] - 2
     f = rng.standard_normal((k, c, 3, 3)).astype(F32)
     gy = rng.standard_normal((n, k, oh, ow)).astype(F32)
-    pgy, pf, pgx = cpu.alloc(gy.nbytes), cpu.alloc(f.nbytes), cpu.alloc(n * c * h * w * 4)
+    pgy, pf, pgx = be.alloc(gy.nbytes), be.alloc(f.nbytes), be.alloc(n * c * h * w * 4)
     try:
-        cpu.copy_htod(pgy, gy)
-        cpu.copy_htod(pf, f)
-        cpu.conv2d_backward_data(pgy, list(gy.shape), pf, list(f.shape), pgx, [n, c, h, w], [1, 1], pads)
+        be.copy_htod(pgy, gy)
+        be.copy_htod(pf, f)
+        be.conv2d_backward_data(pgy, list(gy.shape), pf, list(f.shape), pgx, [n, c, h, w], [1, 1], pads)
         gx = np.empty((n, c, h, w), dtype=F32)
-        cpu.copy_dtoh(gx, pgx)
+        be.copy_dtoh(gx, pgx)
     finally:
         for ptr in (pgy, pf, pgx):
-            cpu.free(ptr)
+            be.free(ptr)
     # gx[h, w] = sum_k,r,s gy[h + top - r, w + left - s] f[k, :, r, s], gy zero outside.
     want = np.zeros((n, c, h, w))
     mag = np.zeros((n, c, h, w))
