@@ -87,3 +87,43 @@ def test_operands_are_fields(cls: type[v.Problem]) -> None:
     """The dispatcher reads operands from the record's fields (its ``__dict__``)."""
     names = {f.name for f in dataclasses.fields(cls)}
     assert {o.field for o in cls.OPERANDS} <= names
+
+
+class _CountingTuple(tuple):  # type: ignore[type-arg]
+    """A tuple subclass whose iteration is caller code: the fast path must not trust it."""
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        raise RuntimeError("hostile iteration")
+
+
+@pytest.mark.parametrize(
+    ("value", "length", "message"),
+    [
+        ((2, True), 2, "bool"),
+        ([2, -1], 2, ">= 0"),
+        ((2, 2**62 + 1), 2, "too large"),
+        ((2, 3, 4), 2, "2 entries"),
+        ([1, 2], (3, 4), "3 or 4 entries"),
+        (_CountingTuple((1, 2)), 2, "could not be read"),
+        ((1, 2.0), 2, "float"),
+    ],
+)
+def test_shape_fast_path_keeps_every_refusal(value: object, length: object, message: str) -> None:
+    from computehal.errors import InvalidArgumentError
+    from computehal.validation._core import as_shape
+
+    with pytest.raises(InvalidArgumentError, match=message):
+        as_shape("shape", value, length)  # type: ignore[arg-type]
+
+
+def test_shape_and_ints_accept_plain_and_numpy_integers_alike() -> None:
+    from computehal.validation._core import as_ints, as_shape
+
+    for value in ((3, 0, 5), [3, 0, 5], np.array([3, 0, 5]), (np.int64(3), 0, np.uint8(5)), range(3, 6, 2)):
+        got = as_shape("shape", value)
+        assert type(got) is tuple and all(type(x) is int for x in got)
+    assert as_shape("shape", [3, 0, 5], 3) == (3, 0, 5)
+    assert as_ints("strides", [-4, 0, 2**62], 3) == (-4, 0, 2**62)
+    assert as_ints("strides", (np.int32(-1), 2), 2) == (-1, 2)
+    with pytest.raises(Exception, match="too large"):
+        as_ints("strides", [2**62 + 1, 0], 2)

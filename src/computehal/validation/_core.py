@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, dataclass_transform
 
 import numpy as np
 
+from .._args import MAX_COUNT
 from ..dtypes import as_float_dtype
 from ..errors import InvalidArgumentError
 from ..memory import Region, as_count, as_int
@@ -224,8 +225,34 @@ def _items(name: str, value: object) -> list[Any]:
     return items
 
 
+def _plain(value: object, low: int, high: int) -> tuple[int, ...] | None:
+    """``value`` as a tuple when it is an exact tuple or list of plain ints in [low, high].
+
+    The common case of every shape argument, checked without running caller code (exact
+    built-in types only: no ``__index__``, ``__iter__`` or ``__len__`` of a subclass is
+    called) and without building a name per entry; anything else returns None and goes
+    the long way, with its error messages.
+    """
+    kind = type(value)
+    if kind is tuple:
+        items: tuple[Any, ...] = value  # type: ignore[assignment]
+    elif kind is list:
+        items = tuple(value)  # type: ignore[arg-type]
+    else:
+        return None
+    for item in items:
+        if type(item) is not int or not low <= item <= high:
+            return None
+    return items
+
+
 def as_shape(name: str, value: object, length: int | tuple[int, ...] | None = None) -> tuple[int, ...]:
     """A tuple of non-negative ints copied from ``value``; ``length`` is the allowed length(s)."""
+    plain = _plain(value, 0, MAX_COUNT)
+    if plain is not None and (
+        length is None or (len(plain) == length if isinstance(length, int) else len(plain) in length)
+    ):
+        return plain
     items = _items(name, value)
     if length is not None:
         allowed = (length,) if isinstance(length, int) else length
@@ -237,6 +264,9 @@ def as_shape(name: str, value: object, length: int | tuple[int, ...] | None = No
 
 def as_ints(name: str, value: object, length: int) -> tuple[int, ...]:
     """A tuple of ``length`` ints (negative allowed) copied from ``value``."""
+    plain = _plain(value, -(2**62), 2**62)
+    if plain is not None and len(plain) == length:
+        return plain
     items = _items(name, value)
     if len(items) != length:
         raise InvalidArgumentError(f"{name} must have {length} entries, got {len(items)}")
