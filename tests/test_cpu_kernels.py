@@ -474,7 +474,8 @@ def test_lrn_float32_running_sum_cancellation() -> None:
 
 @pytest.mark.parametrize("cols", [1, 7, 15, 16, 17, 33, 49, 100])
 def test_global_means_f32(cols: int) -> None:
-    """Row means through 16 partial sums: within (cols / 16 + 4) roundoffs, NaN / inf carried."""
+    """Row means through 16 partial sums (16 rows at a time, then one by one): within
+    (cols / 16 + 4) roundoffs, NaN / inf carried."""
     from computehal.backends.cpu import _kpool
 
     rng = np.random.default_rng(cols)
@@ -486,6 +487,8 @@ def test_global_means_f32(cols: int) -> None:
     x[5, 0] = np.inf
     if cols > 1:
         x[6, :2] = (np.inf, -np.inf)
+    x[31, cols - 1] = np.nan  # the last row of the second block of 16
+    x[35, cols - 1] = -np.inf  # a row after the last whole block
     out = np.full(rows, -7.0, dtype=np.float32)
     _kpool.global_means_f32(x, out)
     want = x.astype(np.float64).sum(axis=1) / cols

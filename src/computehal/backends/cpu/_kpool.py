@@ -32,7 +32,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from ._kpoolv import LANES, fold_rows, fold_stride2, sum_f32
+from ._kpoolv import LANES, fold_rows, fold_stride2, means16_f32, sum_f32
 from ._nb import jit, jit_reassoc, prefetch, wide_vectors
 
 __all__ = ["global_planes", "pool_planes", "tap_range", "tap_range_cols", "column_plan", "warm_up"]
@@ -345,10 +345,12 @@ def global_means_f32(x: Any, out: Any) -> None:
     rows, cols = x.shape
     xf = x.reshape(-1)
     ahead = 0
-    for r in range(rows):
-        while ahead < r * cols + PREFETCH_BYTES // 4:
+    for r in range(0, rows - LANES + 1, LANES):
+        while ahead < (r + LANES) * cols + PREFETCH_BYTES // 4:
             prefetch(xf, ahead)
             ahead += 16
+        means16_f32(xf, r * cols, cols, out, r)
+    for r in range(rows - rows % LANES, rows):
         out[r] = sum_f32(xf, r * cols, cols) / np.float32(cols)
 
 

@@ -6,6 +6,11 @@ shuffle each (and two more loads at ``+2`` the next even ones), then two vector 
 add operations. LLVM's own vectorisation of the strided loop used gathers, which cost
 most of a 3x3 stride-2 max pool's time (8 x 64 x 112 x 112 on one core of this Xeon:
 0.39-0.42 ns an input element before, against 0.33 for a copy of the same size).
+
+Global average pooling's row sums: :func:`sum_f32` (one row in 16 partial sums and one
+masked load) and :func:`means16_f32` (16 rows at once, their sums in 16 independent
+registers and halved across rows by shuffles; the same additions in the same order, 10%
+less time on 8 x 2048 rows of 7 x 7 than one row at a time, interleaved measurement).
 """
 
 # Function bodies are LLVM IR builders, which mypy cannot type.
@@ -20,7 +25,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["LANES", "fold_rows", "fold_stride2", "sum_f32"]
+__all__ = ["LANES", "fold_rows", "fold_stride2", "means16_f32", "sum_f32"]
 
 #: Outputs per call.
 LANES = 16
@@ -149,14 +154,26 @@ def fold_rows(
     return sig, _rows_codegen(rows.literal_value, is_max.literal_value)
 
 
-def _sum_codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-    f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+def _masked_load(builder: Any) -> Any:
+    """LLVM's masked load of 16 float32 (lanes whose mask is off are not read)."""
+    f32, i32 = ir.FloatType(), ir.IntType(32)
     vec, mask_t = ir.VectorType(f32, LANES), ir.VectorType(ir.IntType(1), LANES)
     kind = ir.FunctionType(vec, [vec.as_pointer(), i32, mask_t, vec])
-    load = cgutils.get_or_insert_function(builder.module, kind, "llvm.masked.load.v16f32.p0")
-    xf = context.make_array(signature.args[0])(context, builder, args[0]).data
-    start, count = (context.cast(builder, args[i], signature.args[i], types.int64) for i in (1, 2))
-    first = builder.gep(xf, [start])
+    return cgutils.get_or_insert_function(builder.module, kind, "llvm.masked.load.v16f32.p0")
+
+
+def _first_lanes(builder: Any, count: Any) -> Any:
+    """The mask of the first ``count`` (an int64 in 0..16) of 16 lanes."""
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+    one = builder.insert_element(ir.Constant(ir.VectorType(i64, LANES), ir.Undefined), count, i32(0))
+    spread = builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(i32, LANES), [0] * LANES))
+    return builder.icmp_signed("<", ir.Constant(ir.VectorType(i64, LANES), list(range(LANES))), spread)
+
+
+def _partials(builder: Any, first: Any, count: Any) -> Any:
+    """16 partial sums of the ``count`` float32 values at pointer ``first`` (a vector)."""
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+    vec = ir.VectorType(ir.FloatType(), LANES)
     zero = ir.Constant(vec, [0.0] * LANES)
     acc = cgutils.alloca_once_value(builder, zero)
     whole = builder.udiv(count, i64(LANES))
@@ -166,13 +183,17 @@ def _sum_codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         builder.store(builder.fadd(builder.load(acc), v), acc)
     # The rest (0-15 values) through a masked load: the lanes past the row are not read.
     done = builder.mul(whole, i64(LANES))
-    rest = builder.sub(count, done)
-    one = builder.insert_element(ir.Constant(ir.VectorType(i64, LANES), ir.Undefined), rest, i32(0))
-    spread = builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(i32, LANES), [0] * LANES))
-    mask = builder.icmp_signed("<", ir.Constant(ir.VectorType(i64, LANES), list(range(LANES))), spread)
+    mask = _first_lanes(builder, builder.sub(count, done))
     where = builder.bitcast(builder.gep(first, [done]), vec.as_pointer())
-    tail = builder.call(load, [where, i32(4), mask, zero])
-    value = builder.fadd(builder.load(acc), tail)
+    tail = builder.call(_masked_load(builder), [where, i32(4), mask, zero])
+    return builder.fadd(builder.load(acc), tail)
+
+
+def _sum_codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+    i32 = ir.IntType(32)
+    xf = context.make_array(signature.args[0])(context, builder, args[0]).data
+    start, count = (context.cast(builder, args[i], signature.args[i], types.int64) for i in (1, 2))
+    value = _partials(builder, builder.gep(xf, [start]), count)
     width = LANES
     while width > 1:  # pairwise halving: lane i += lane i + width / 2
         width //= 2
@@ -193,3 +214,86 @@ def sum_f32(typingctx: Any, xf: Any, start: Any, count: Any) -> Any:
     if not all(isinstance(a, types.Integer) for a in (start, count)):
         return None
     return types.float32(xf, start, count), _sum_codegen
+
+
+def _row_partials(builder: Any, firsts: list[Any], cols: Any) -> list[Any]:
+    """:func:`_partials` of 16 rows of ``cols`` values at once: 16 independent sums, no chain."""
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+    vec = ir.VectorType(ir.FloatType(), LANES)
+    zero = ir.Constant(vec, [0.0] * LANES)
+    accs = [cgutils.alloca_once_value(builder, zero) for _ in firsts]
+    whole = builder.udiv(cols, i64(LANES))
+    with cgutils.for_range(builder, whole) as loop:
+        step = builder.mul(loop.index, i64(LANES))
+        for first, acc in zip(firsts, accs, strict=True):
+            v = builder.load(builder.bitcast(builder.gep(first, [step]), vec.as_pointer()), align=4)
+            builder.store(builder.fadd(builder.load(acc), v), acc)
+    done = builder.mul(whole, i64(LANES))
+    mask, load = _first_lanes(builder, builder.sub(cols, done)), _masked_load(builder)
+    sums = []
+    for first, acc in zip(firsts, accs, strict=True):  # the rest of each row (0-15 values)
+        where = builder.bitcast(builder.gep(first, [done]), vec.as_pointer())
+        sums.append(builder.fadd(builder.load(acc), builder.call(load, [where, i32(4), mask, zero])))
+    return sums
+
+
+def _transpose_add(builder: Any, rows: list[Any]) -> Any:
+    """One vector whose lane ``r`` is the sum of the lanes of ``rows[r]`` (16 vectors).
+
+    Four rounds; in each, two vectors holding ``16 / block`` rows' partial sums each are
+    combined by two shuffles (every block's first and second halves) and one add: lane
+    ``j`` of a row is added to lane ``j + block / 2``, as :func:`sum_f32` halves its vector.
+    """
+    i32 = ir.IntType(32)
+    block = LANES
+    while block > 1:
+        half = block // 2
+        low = [b * block + i for b in range(LANES // block) for i in range(half)]
+        high = [j + half for j in low]
+        pick_low = ir.Constant(ir.VectorType(i32, LANES), low + [LANES + j for j in low])
+        pick_high = ir.Constant(ir.VectorType(i32, LANES), high + [LANES + j for j in high])
+        rows = [
+            builder.fadd(
+                builder.shuffle_vector(rows[i], rows[i + 1], pick_low),
+                builder.shuffle_vector(rows[i], rows[i + 1], pick_high),
+            )
+            for i in range(0, len(rows), 2)
+        ]
+        block = half
+    return rows[0]
+
+
+def _means16_codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+    f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+    vec = ir.VectorType(f32, LANES)
+    xf = context.make_array(signature.args[0])(context, builder, args[0]).data
+    out = context.make_array(signature.args[3])(context, builder, args[3]).data
+    start, cols, at = (context.cast(builder, args[i], signature.args[i], types.int64) for i in (1, 2, 4))
+    firsts = [builder.gep(xf, [builder.add(start, builder.mul(i64(r), cols))]) for r in range(LANES)]
+    sums = _transpose_add(builder, _row_partials(builder, firsts, cols))
+    divisor = builder.shuffle_vector(
+        builder.insert_element(ir.Constant(vec, ir.Undefined), builder.sitofp(cols, f32), i32(0)),
+        ir.Constant(vec, ir.Undefined),
+        ir.Constant(ir.VectorType(i32, LANES), [0] * LANES),
+    )
+    where = builder.bitcast(builder.gep(out, [at]), vec.as_pointer())
+    builder.store(builder.fdiv(sums, divisor), where, align=4)
+    return context.get_dummy_value()
+
+
+@intrinsic
+def means16_f32(typingctx: Any, xf: Any, start: Any, cols: Any, out: Any, at: Any) -> Any:
+    """``out[at + r]`` = mean of ``xf[start + r cols : start + (r + 1) cols]`` for r < 16 (float32).
+
+    Each row's 16 partial sums as in :func:`sum_f32`; the 16 vectors are then halved
+    pairwise across rows (two shuffles and one add per pair, four rounds) into one vector
+    of 16 sums, divided by ``cols`` and stored at once: the sums are bit-for-bit those of
+    :func:`sum_f32` (the same additions in the same order), without a horizontal
+    reduction and a scalar store per row.
+    """
+    arrays = (xf, out)
+    if not all(isinstance(a, types.Array) and a.dtype == types.float32 and a.ndim == 1 for a in arrays):
+        return None
+    if not all(isinstance(a, types.Integer) for a in (start, cols, at)):
+        return None
+    return types.void(xf, start, cols, out, at), _means16_codegen
