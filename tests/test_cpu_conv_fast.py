@@ -8,6 +8,8 @@ check keeping inf and NaN to the outputs that read them.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -136,3 +138,79 @@ def test_backend_im2col_nonfinite_filter_reaches_only_readers(cpu_backend: CpuBa
     assert np.isfinite(got[0, 3, 0, :]).all() and np.isfinite(got[0, 3, :, 0]).all()
     finite = np.isfinite(want)
     assert np.allclose(got[finite], want[finite], rtol=1e-4, atol=1e-3)
+
+
+def _strided_forward64(
+    x: Any, f: Any, bias: Any, pads: tuple[int, int, int, int], stride: tuple[int, int]
+) -> Any:
+    """The direct definition in float64, tap by tap over the zero-padded input."""
+    pt, pl, pb, pr = pads
+    sh, sw = stride
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    k, _, fh, fw = f.shape
+    oh, ow = (xp.shape[2] - fh) // sh + 1, (xp.shape[3] - fw) // sw + 1
+    out = np.zeros((x.shape[0], k, oh, ow)) + (
+        0 if bias is None else bias.astype(np.float64)[None, :, None, None]
+    )
+    for r in range(fh):
+        for s in range(fw):
+            win = xp[:, :, r : r + (oh - 1) * sh + 1 : sh, s : s + (ow - 1) * sw + 1 : sw]
+            out += np.einsum("kc,nchw->nkhw", f[:, :, r, s].astype(np.float64), win)
+    return out
+
+
+@pytest.mark.parametrize(
+    "n, c, k, hw, fhw, stride, pads, with_bias",
+    [
+        (5, 3, 64, (40, 38), (7, 7), (2, 2), (3, 3, 3, 3), True),  # the stem's geometry, whole-image tasks
+        (1, 3, 13, (33, 70), (7, 5), (2, 3), (3, 1, 2, 0), False),  # one image: row-block tasks
+        (2, 4, 9, (20, 50), (3, 3), (1, 1), (0, 2, 1, 1), True),
+        (3, 1, 8, (9, 64), (1, 1), (1, 2), (0, 0, 0, 0), True),
+    ],
+)
+def test_direct_forward_matches_float64(
+    n: int, c: int, k: int, hw: tuple[int, int], fhw: tuple[int, int], stride: Any, pads: Any, with_bias: bool
+) -> None:
+    """The im2col-free kernel (phase-split input, tap table) against the definition, any stride / padding."""
+    from computehal.backends.cpu._conv_direct import direct_forward
+
+    rng = np.random.default_rng(23)
+    x = rng.standard_normal((n, c, *hw)).astype(F32)
+    f = rng.standard_normal((k, c, *fhw)).astype(F32)
+    bias = rng.standard_normal(k).astype(F32) if with_bias else None
+    want = _strided_forward64(x, f, bias, pads, stride)
+    mag = _strided_forward64(np.abs(x), np.abs(f), None if bias is None else np.abs(bias), pads, stride)
+    y = np.full(want.shape, np.nan, dtype=F32)
+    direct_forward(x, f, bias, y, (pads[0], pads[1], stride[0], stride[1]))
+    _within_kit_tolerance(y, want, mag, c * fhw[0] * fhw[1])
+
+
+@pytest.mark.parametrize("poison", [False, True])
+def test_backend_stem_shape_matches_definition(cpu_backend: CpuBackend, poison: bool) -> None:
+    """A stem-shaped layer through the backend (the direct kernel, or with an inf in the filter the
+    exact path): within the kit's tolerance, and only the outputs that read the inf tap are inf."""
+    rng = np.random.default_rng(31)
+    x = rng.standard_normal((2, 3, 64, 64)).astype(F32)
+    f = rng.standard_normal((16, 3, 7, 7)).astype(F32)
+    if poison:
+        f[2, 1, 0, 0] = np.inf
+    be = cpu_backend
+    px, pf, py = be.alloc(x.nbytes), be.alloc(f.nbytes), be.alloc(2 * 16 * 32 * 32 * 4)
+    try:
+        be.copy_htod(px, x)
+        be.copy_htod(pf, f)
+        be.conv2d_forward(px, list(x.shape), pf, list(f.shape), py, [2, 16, 32, 32], [2, 2], [3, 3, 3, 3])
+        got = np.empty((2, 16, 32, 32), dtype=F32)
+        be.copy_dtoh(got, py)
+    finally:
+        for ptr in (px, pf, py):
+            be.free(ptr)
+    finite_f = np.where(np.isinf(f), 0, f)
+    want = _strided_forward64(x, finite_f, None, (3, 3, 3, 3), (2, 2))
+    mag = _strided_forward64(np.abs(x), np.abs(finite_f), None, (3, 3, 3, 3), (2, 2))
+    if poison:
+        # Tap (0, 0) of channel 1 reads input (2 o - 3, 2 q - 3): inside the image from o, q >= 2.
+        want[:, 2, 2:, 2:] += np.inf * np.sign(x[:, 1, 1:61:2, 1:61:2])
+    assert np.array_equal(np.isinf(got), np.isinf(want)) and not np.isnan(got).any()
+    finite = np.isfinite(want)
+    _within_kit_tolerance(got[finite], want[finite], mag[finite], 3 * 49)

@@ -9,8 +9,11 @@ LLVM IR since numba has no vector type) keeps ``rows`` output channels by ``vect
 vectors of 16 pixels in registers, starts them at the bias, and for each of the R
 inner steps loads the pixels' vectors once and broadcasts one weight per channel:
 :data:`ROWS` channels by :data:`VECTORS` vectors (24 accumulators; 24 fused
-multiply-adds for 11 loads). The lanes past the width are 16-bit masks built once per
-tile (kept in mask registers; vector compares in the loop had cost registers).
+multiply-adds for 11 loads). :func:`product` reads inner step ``r``'s pixels from row
+``r`` of ``x``; :func:`product_table` from ``offsets[r]`` past the tile's first pixel
+(the taps of a convolution in a phase-split copy of its input, :mod:`._conv_direct`).
+The lanes past the width are 16-bit masks built once per tile (kept in mask
+registers; vector compares in the loop had cost vector registers and spills).
 
 The last vector of a tile and the channels past K are masked, so nothing outside the
 operands is read or written. Measured (CPU time of one thread, best of 9, the other
@@ -40,7 +43,7 @@ from numba.extending import intrinsic
 
 from ._nb import jit
 
-__all__ = ["pack_filter", "pixel_block", "product", "warm_up", "ROWS"]
+__all__ = ["pack_filter", "pixel_block", "product", "product_table", "warm_up", "ROWS"]
 
 #: Output channels of the GEMM's register tile (and of a filter panel of :func:`pack_filter`).
 ROWS = 8
@@ -52,24 +55,27 @@ LANES = 16
 PANEL_FLOATS = 1 << 17
 
 
-def _tile_intrinsic(rows: int, vectors: int, accumulate: bool) -> Any:
+def _tile_intrinsic(rows: int, vectors: int, accumulate: bool, table: bool = False) -> Any:
     """The register tile of ``rows`` output channels by ``vectors`` vectors of pixels."""
 
     @intrinsic
-    def tile(typingctx, fp, f_off, x, x_off, x_ld, depth, width, valid, bias, b_off, y, y_off, y_ld):
-        """``y[y_off + i y_ld + p] = bias[b_off + i] + sum_r fp[f_off + r rows + i] x[x_off + r x_ld + p]``.
+    def tile(typingctx, fp, f_off, x, x_off, x_ld, offsets, depth, width, valid, bias, b_off, y, y_off, y_ld):
+        """``y[y_off + i y_ld + p] = bias[b_off + i] + sum_r fp[f_off + r rows + i] x[x_off + row(r) + p]``.
 
         For ``i < valid`` (at most ``rows``), ``p < width`` (at most ``vectors * LANES``),
-        ``r < depth`` (>= 1). An accumulating tile starts from ``y`` instead of the bias.
+        ``r < depth`` (>= 1); ``row(r)`` is ``offsets[r]`` for a table tile, else
+        ``r x_ld``. An accumulating tile starts from ``y`` instead of the bias.
         """
         f32 = types.float32
         arrays = (fp, x, bias, y)
         if not all(isinstance(a, types.Array) and a.dtype == f32 and a.ndim == 1 for a in arrays):
             return None
-        sig = types.void(fp, f_off, x, x_off, x_ld, depth, width, valid, bias, b_off, y, y_off, y_ld)
+        if not (isinstance(offsets, types.Array) and offsets.dtype == types.int64 and offsets.ndim == 1):
+            return None
+        sig = types.void(fp, f_off, x, x_off, x_ld, offsets, depth, width, valid, bias, b_off, y, y_off, y_ld)
 
         def codegen(context, builder, signature, args):
-            return _tile_code(context, builder, signature, args, (rows, vectors, accumulate))
+            return _tile_code(context, builder, signature, args, (rows, vectors, accumulate, table))
 
         return sig, codegen
 
@@ -77,7 +83,7 @@ def _tile_intrinsic(rows: int, vectors: int, accumulate: bool) -> Any:
 
 
 def _tile_code(context: Any, builder: Any, signature: Any, args: Any, shape: tuple[Any, ...]) -> Any:
-    rows, vectors, accumulate = shape
+    rows, vectors, accumulate, table = shape
     vec = ir.VectorType(ir.FloatType(), LANES)
     i64, i32 = ir.IntType(64), ir.IntType(32)
     mask_t = ir.VectorType(ir.IntType(1), LANES)
@@ -91,9 +97,10 @@ def _tile_code(context: Any, builder: Any, signature: Any, args: Any, shape: tup
 
     fp = builder.gep(data(0), [index(1)])
     xp = builder.gep(data(2), [index(3)])
-    bp = builder.gep(data(8), [index(9)])
-    yp = builder.gep(data(10), [index(11)])
-    x_ld, depth, width, valid, y_ld = index(4), index(5), index(6), index(7), index(12)
+    offsets = data(5)
+    bp = builder.gep(data(9), [index(10)])
+    yp = builder.gep(data(11), [index(12)])
+    x_ld, depth, width, valid, y_ld = index(4), index(6), index(7), index(8), index(13)
     module = builder.module
     load = cgutils.get_or_insert_function(
         module, ir.FunctionType(vec, [ptr_t, i32, mask_t, vec]), "llvm.masked.load.v16f32.p0"
@@ -137,7 +144,8 @@ def _tile_code(context: Any, builder: Any, signature: Any, args: Any, shape: tup
         accs.append([cgutils.alloca_once_value(builder, start) for start in starts])
     with cgutils.for_range(builder, depth) as loop:
         r = loop.index
-        row = builder.gep(xp, [builder.mul(r, x_ld)])
+        step = builder.load(builder.gep(offsets, [r])) if table else builder.mul(r, x_ld)
+        row = builder.gep(xp, [step])
         weights = builder.gep(fp, [builder.mul(r, i64(rows))])
         xv = [builder.call(load, [vector_at(row, j), i32(4), masks[j], zero]) for j in range(vectors)]
         for i in range(rows):
@@ -153,6 +161,7 @@ def _tile_code(context: Any, builder: Any, signature: Any, args: Any, shape: tup
 
 _gemm_tile = _tile_intrinsic(ROWS, VECTORS, False)
 _gemm_add = _tile_intrinsic(ROWS, VECTORS, True)
+_table_tile = _tile_intrinsic(ROWS, VECTORS, False, True)
 
 
 @jit
@@ -190,6 +199,7 @@ def product(f, f_ld, x, x_ld, bias, y, y_ld, rows, depth, width, block, chunk):
     packed = np.empty(blocks * ROWS * depth, dtype=np.float32)
     pbias = np.empty(blocks * ROWS, dtype=np.float32)
     pack_filter(f, f_ld, bias, rows, depth, ROWS, packed, pbias)
+    unused = np.empty(1, dtype=np.int64)
     step = LANES * VECTORS
     for p0 in range(0, width, block):
         p1 = min(width, p0 + block)
@@ -201,9 +211,43 @@ def product(f, f_ld, x, x_ld, bias, y, y_ld, rows, depth, width, block, chunk):
                 for p in range(p0, p1, step):
                     n, at, xk = min(step, p1 - p), b * ROWS * y_ld + p, d0 * x_ld + p
                     if d0 == 0:
-                        _gemm_tile(packed, fk, x, xk, x_ld, d, n, valid, pbias, b * ROWS, y, at, y_ld)
+                        _gemm_tile(packed, fk, x, xk, x_ld, unused, d, n, valid, pbias, b * ROWS, y, at, y_ld)
                     else:
-                        _gemm_add(packed, fk, x, xk, x_ld, d, n, valid, pbias, b * ROWS, y, at, y_ld)
+                        _gemm_add(packed, fk, x, xk, x_ld, unused, d, n, valid, pbias, b * ROWS, y, at, y_ld)
+
+
+@jit
+def product_table(packed, pbias, rows, depth, x, x0, offsets, y, y_ld, width):
+    """``y[i y_ld + p] = pbias[i] + sum_r w[i, r] x[x0 + p + offsets[r]]``, ``w`` from :func:`pack_filter`.
+
+    For ``i < rows``, ``p < width``: a product whose inner step ``r`` reads the pixels
+    at ``offsets[r]`` from ``x0`` (a convolution's taps in a copy of its input laid out
+    so that every tap of a row of output pixels is a unit-stride segment). ``packed`` /
+    ``pbias`` from :func:`pack_filter` with panels of :data:`ROWS`.
+    """
+    blocks = (rows + ROWS - 1) // ROWS
+    step = LANES * VECTORS
+    for b in range(blocks):
+        valid = min(ROWS, rows - b * ROWS)
+        fk = b * depth * ROWS
+        for p in range(0, width, step):
+            n = min(step, width - p)
+            _table_tile(
+                packed,
+                fk,
+                x,
+                x0 + p,
+                0,
+                offsets,
+                depth,
+                n,
+                valid,
+                pbias,
+                b * ROWS,
+                y,
+                b * ROWS * y_ld + p,
+                y_ld,
+            )
 
 
 def pixel_block(depth: int) -> int:
@@ -223,3 +267,10 @@ def warm_up() -> None:
     want = f.astype(np.float64) @ x.astype(np.float64) + bias[:, None]
     if not np.allclose(y, want, rtol=1e-5, atol=1e-5):
         raise RuntimeError("the compiled convolution product gives wrong results here")
+    packed = np.empty(16 * 3, dtype=np.float32)
+    pbias = np.empty(16, dtype=np.float32)
+    pack_filter(f.ravel(), 3, bias, 9, 3, ROWS, packed, pbias)
+    y[...] = 0
+    product_table(packed, pbias, 9, 3, x.ravel(), 0, np.arange(3, dtype=np.int64) * 37, y.ravel(), 37, 37)
+    if not np.allclose(y, want, rtol=1e-5, atol=1e-5):
+        raise RuntimeError("the compiled table product gives wrong results here")
