@@ -26,6 +26,7 @@ from ...memory import Region, ceil_div
 from ...types import MixedPrecision
 from .._common import round_up
 from ._blas import gemm_at, gemv_at
+from ._gemm_dense import dense_batched
 from ._plumbing import CpuPlumbing, FloatArray
 from ._runtime import parallel_pull, single_threaded_blas, workers
 
@@ -125,6 +126,8 @@ class GemmOps(CpuPlumbing):
 
     def _exec_batched_gemm(self, p: v.BatchedGemmProblem) -> None:
         g = p.gemm
+        if dense_batched(p, lambda region: self._flat(region, F32)):
+            return
         size = g.dtype.itemsize
         a0, b0, c0 = g.a.ptr, g.b.ptr, g.c.ptr
 
