@@ -16,7 +16,7 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from computehal.onnx import InferenceSession  # noqa: E402
-from computehal.onnx._fuse import FUSED_CONV, MATMUL_ADD, PACKED_ATTENTION  # noqa: E402
+from computehal.onnx._fuse import FUSED_CONV, HEADS_PROJECTION, MATMUL_ADD, PACKED_ATTENTION  # noqa: E402
 from computehal.testing import reference  # noqa: E402
 
 F = TensorProto.FLOAT
@@ -140,14 +140,16 @@ def _attention_model(scale_op: str | None, mask: str | None, mask_shape: list[in
 
 
 def _attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Any, scale: float) -> np.ndarray:
+    batch = q.shape[0]
+
     def heads(t: np.ndarray) -> np.ndarray:
-        return t.astype(np.float64).reshape(B, S, HEADS, D).transpose(0, 2, 1, 3)
+        return t.astype(np.float64).reshape(batch, S, HEADS, D).transpose(0, 2, 1, 3)
 
     scores = heads(q) @ heads(k).transpose(0, 1, 3, 2) * scale + (0.0 if mask is None else mask)
     scores -= scores.max(axis=-1, keepdims=True)
     probs = np.exp(scores)
     probs /= probs.sum(axis=-1, keepdims=True)
-    return (probs @ heads(v)).transpose(0, 2, 1, 3).reshape(B, S, HIDDEN).astype(np.float32)
+    return (probs @ heads(v)).transpose(0, 2, 1, 3).reshape(batch, S, HIDDEN).astype(np.float32)
 
 
 @pytest.mark.parametrize(
@@ -184,8 +186,9 @@ def test_mask_that_broadcasts_over_the_keys_is_not_fused() -> None:
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("bias", [True, False])
-def test_projections_of_one_input_are_one_gemm_read_by_packed_attention(bias: bool) -> None:
+@pytest.mark.parametrize(("bias", "batch"), [(True, B), (False, B), (True, 1)])
+def test_projections_of_one_input_are_one_gemm_read_by_packed_attention(bias: bool, batch: int) -> None:
+    # Batch 1: one batched GEMM over all 3 * HEADS heads; batch 2: one per batch entry and Q / K / V.
     base = _attention_model("Div", "after", [B, 1, 1, S])
     nodes, inits = [], {}
     for t in "qkv":
@@ -195,13 +198,13 @@ def test_projections_of_one_input_are_one_gemm_read_by_packed_attention(bias: bo
             inits[f"b{t}"] = RNG.standard_normal(HIDDEN).astype(np.float32)
             nodes.append(_n("Add", [f"{t}_mm", f"b{t}"], t))
     inits.update({i.name: numpy_helper.to_array(i) for i in base.graph.initializer})
-    shapes = (("x", [B, S, HIDDEN]), ("mask", [B, 1, 1, S]))
+    shapes = (("x", [batch, S, HIDDEN]), ("mask", [batch, 1, 1, S]))
     inputs = [helper.make_tensor_value_info(n, F, s) for n, s in shapes]
     model = _model(nodes + list(base.graph.node), inputs, ["y"], inits)
-    x = RNG.standard_normal((B, S, HIDDEN)).astype(np.float32)
-    mask = np.where(RNG.random((B, 1, 1, S)) < 0.3, -1e4, 0.0).astype(np.float32)
+    x = RNG.standard_normal((batch, S, HIDDEN)).astype(np.float32)
+    mask = np.where(RNG.random((batch, 1, 1, S)) < 0.3, -1e4, 0.0).astype(np.float32)
     (y,), ops = _run(model, {"x": x, "mask": mask})
-    assert ops == [MATMUL_ADD, PACKED_ATTENTION]
+    assert ops == [HEADS_PROJECTION, PACKED_ATTENTION]
     qkv = [x.astype(np.float64) @ inits[f"w{t}"] + (inits[f"b{t}"] if bias else 0.0) for t in "qkv"]
     want = _attention_reference(*qkv, mask, 1.0 / math.sqrt(D))
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)

@@ -30,7 +30,7 @@ import onnx.backend.test  # noqa: E402
 from computehal import ForwardingBackend  # noqa: E402
 from computehal.onnx import BackendLacksError, FallbackWarning, InferenceSession, shared_backend  # noqa: E402
 from computehal.onnx import backend as computehal_backend  # noqa: E402
-from computehal.onnx._fuse import MATMUL_ADD, PACKED_ATTENTION  # noqa: E402
+from computehal.onnx._fuse import HEADS_PROJECTION, MATMUL_ADD, PACKED_ATTENTION  # noqa: E402
 from computehal.onnx.models import (  # noqa: E402
     LIGHT_MODELS,
     bert_encoder,
@@ -123,7 +123,7 @@ def test_bert_encoder_matches_onnxruntime(backend_name: str) -> None:
     placement = {n.op: n.where for n in session.plan().nodes}
     assert placement["Unsqueeze"] == "host"  # the integer mask is a host fact, uploaded once cast
     # Self-attention, the erf-GELU and the bias / residual additions are each one fused node.
-    assert {PACKED_ATTENTION, "Gelu", MATMUL_ADD} <= set(placement)
+    assert {HEADS_PROJECTION, PACKED_ATTENTION, "Gelu", MATMUL_ADD} <= set(placement)
     assert not {"Softmax", "Erf", "Transpose"} & set(placement)
 
 

@@ -159,20 +159,6 @@ def _padded_mask(lw: Lowerer, mask: DeviceTensor, skv: int) -> DeviceTensor:
     return out
 
 
-def _unpack_heads(lw: Lowerer, qkv: DeviceTensor, heads: int) -> list[DeviceTensor]:
-    """[batch, seq, 3 * heads * size] -> Q, K, V as [batch, heads, seq, size] (one scratch)."""
-    b, s, packed = qkv.shape
-    size = packed // (3 * heads)
-    out = lw.scratch((3, b, heads, s, size), qkv.dtype, "qkv")
-    src = contiguous_strides((b, s, 3, heads, size))
-    one = b * heads * s * size
-    parts = [out.view((b, heads, s, size), i * one) for i in range(3)]
-    # One copy per tensor: each is a 3-D transpose (one 5-D copy ran far slower on the CPU).
-    for i, part in enumerate(parts):
-        lw.copy(part, qkv.view(qkv.shape, i * src[2]), part.shape, (src[0], src[3], src[1], src[4]))
-    return parts
-
-
 @lowers("Attention", PACKED_ATTENTION)
 def attention(lw: Lowerer) -> None:
     if float(lw.attr("softcap", 0.0)) != 0.0:
@@ -183,8 +169,11 @@ def attention(lw: Lowerer) -> None:
         raise Unmappable("past_key without past_value")
     q_shape = lw.shape(0)
     if lw.node.op == PACKED_ATTENTION:
-        q, k, v = _unpack_heads(lw, lw.tensor(0), int(lw.attr("q_num_heads")))
-        q_shape = q_shape[:-1] + (q_shape[-1] // 3,)
+        # [3, batch, heads, seq, size], written head-major by the projection: views.
+        packed = lw.tensor(0)
+        _, b, h, s, size = q_shape
+        q, k, v = (packed.view((b, h, s, size), i * b * h * s * size) for i in range(3))
+        q_shape = (b, s, h * size)
     elif len(q_shape) == 3:
         heads, kv_heads = int(lw.attr("q_num_heads")), int(lw.attr("kv_num_heads"))
         q = _heads_first(lw, lw.tensor(0), heads, "q")

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ._fuse import FUSED_CONV, MATMUL_ADD
+from ._fuse import FUSED_CONV, HEADS_PROJECTION, MATMUL_ADD
 from ._lowering import Lowerer, Unmappable, lowers
 from ._tensors import DeviceTensor, broadcast_strides, coalesce, contiguous_strides
 
@@ -295,3 +295,41 @@ def matmul_add(lw: Lowerer) -> None:
     if k == 0:
         return
     lw.call("gemm", "N", "N", n, rows, k, 1.0, w, max(1, n), x, max(1, k), beta, y, max(1, n), dtype=dt)
+
+
+@lowers(HEADS_PROJECTION)
+def heads_projection(lw: Lowerer) -> None:
+    """``x @ W + bias`` written head-major: [3, batch, heads, seq, size] from W's per-head blocks.
+
+    The bias (when there is one) is broadcast into the output first and the products are
+    accumulated into it (``beta = 1``). Per batch entry and Q / K / V, one batched GEMM
+    over the heads: every head's GEMM reads the same rows of ``x`` (``stride_b = 0``) and
+    its own contiguous weight block (one call of ``3 * heads`` GEMMs when the batch is 1).
+    """
+    batch, seq, depth = lw.shape(0)
+    groups, _, size = lw.shape(1)
+    heads = groups // 3
+    x, w = lw.tensor(0), lw.tensor(1)
+    y = lw.output(0)
+    if y.size == 0:
+        return
+    dt = y.dt
+    beta = 0.0
+    if lw.has(2):
+        strides = (heads * size, 0, size, 0, 1)
+        lw.call("copy_strided", y, lw.tensor(2), y.shape, strides, contiguous_strides(y.shape), dtype=dt)
+        beta = 1.0
+    elif depth == 0:
+        lw.call("fill", y, y.size, 0.0, dtype=dt)
+    if depth == 0:
+        return
+    one = seq * size  # one head's output
+    calls = [(0, 0, groups)] if batch == 1 else [(b, g, heads) for b in range(batch) for g in range(3)]
+    for b, g, count in calls:
+        lw.call(
+            "batched_gemm", "N", "N", size, seq, depth, 1.0,
+            w.view(w.shape, g * heads * depth * size), size, depth * size,
+            x.view(x.shape, b * seq * depth), depth, 0,
+            beta, y.view(y.shape, (g * batch + b) * heads * one), size, one, count,
+            dtype=dt,
+        )  # fmt: skip
