@@ -335,6 +335,32 @@ def _work(width: int) -> Any:
     return np.empty((5, width), dtype=F32)
 
 
+def test_softmax_exponential_against_float64() -> None:
+    """exp_fast on x <= 0: within 2.5 ULP of float64 exp on [-10, 0] and 5 ULP down to the flush
+    threshold (the range reduction's error grows with the exponent), 0 below it and for -inf,
+    NaN (either sign) carried."""
+    import computehal.backends.cpu._ksoftmax as S
+
+    rng = np.random.default_rng(23)
+    xs = np.concatenate(
+        [
+            -rng.exponential(4.0, 3000).astype(np.float32),
+            np.linspace(-87.6, 0.0, 3000, dtype=np.float32),
+            np.array([0.0, -0.0, -1e-45, -1e-30, -87.33, -87.34, -87.5], dtype=np.float32),
+        ]
+    )
+    got = np.array([S.exp_fast(x) for x in xs], dtype=np.float64)
+    want = np.exp(xs.astype(np.float64))
+    normal = want >= 2.0**-126
+    ulps = np.abs(got - want) / np.spacing(want.astype(np.float32))
+    assert np.all(ulps[normal & (xs >= -10)] <= 2.5) and np.all(ulps[normal] <= 5)
+    assert np.all(np.abs(got[~normal] - want[~normal]) <= 2.0**-126)  # subnormal or flushed results
+    for x in (-87.7, -100.0, -1e30, -np.inf):
+        assert S.exp_fast(np.float32(x)) == 0.0
+    for x in (np.nan, -np.nan):
+        assert math.isnan(S.exp_fast(np.float32(x)))
+
+
 @pytest.mark.parametrize("log", [False, True])
 def test_softmax_kernels_special_values_and_in_place(log: bool) -> None:
     import computehal.backends.cpu._ksoftmax as S

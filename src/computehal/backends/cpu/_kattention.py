@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._ksoftmax import exp_fast_nan
+from ._ksoftmax import exp_fast
 from ._nb import NO, YES, jit, jit_reassoc, order_key, sgemm, wide_vectors
 
 __all__ = ["attention_rows", "attention_scratch", "no_mask", "DIAGONAL_ROWS", "warm_up"]
@@ -69,7 +69,7 @@ def _exp_row(row, count, shift):
     wide_vectors()
     total = _ZERO
     for t in range(count):
-        e = exp_fast_nan(row[t] - shift)
+        e = exp_fast(row[t] - shift)
         row[t] = e
         total += e
     for t in range(count, row.shape[0]):
@@ -93,7 +93,7 @@ def _softmax_rows(scores, nr, kb, diagonal, first_visible, peak, total, acc, hea
         new = new if new > old or new != new else old
         safe = new if new > -_INF else _ZERO
         old_safe = old if old > -_INF else _ZERO
-        correction = exp_fast_nan(old_safe - safe) if total[u] != _ZERO else _ONE
+        correction = exp_fast(old_safe - safe) if total[u] != _ZERO else _ONE
         total[u] = total[u] * correction + _exp_row(row, count, safe)
         peak[u] = new
         if correction != _ONE:
