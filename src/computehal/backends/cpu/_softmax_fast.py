@@ -31,6 +31,22 @@ maximum and the exponential into one pass over each block (exponentials taken ag
 a reference that moves only when a block's maximum exceeds it by more than 16) cost
 the same in cache and 1.5 times as much on the full matrix: a long loop body keeps
 fewer of the rows' cache misses in flight than a plain copy loop does.
+
+Measured next (the same VM shared with other work, variants interleaved in one process,
+ratios to the benchmark's two-thread ``np.copyto``): contiguous reads run at 37 GB/s on
+two threads and a non-temporal copy at twice ``np.copyto``'s rate, but the panels'
+strided read phase alone (384-byte segments) reaches only 0.74 of the copy ceiling and
+read plus streamed write without arithmetic 0.94; the two vCPUs share what behaves like
+one core's execution units (a compute-bound kernel runs no faster on two threads than on
+one). Alternatives, none better than the panels (0.41-0.50 in those minutes): row
+ranges per thread in two sequential passes (column statistics, merged across threads,
+then results; two exponentials per element) 0.36-0.49, compute-bound, its reads almost
+free; pass one streaming its exponentials to the output and pass two rescaling them in
+place (one exponential, four sequential passes) 0.32 against 0.41 in CPU time; one
+thread on two-pass columns beside one on panels 0.36-0.41; panels of 48 to 256 columns,
+prefetch distances of 0 to 160 rows, or two prefetched lines per segment: within noise;
+prefetching the next panel during the write-out: 3 times slower (a prefetch that
+misses holds a fill buffer until its line arrives).
 """
 
 from __future__ import annotations
