@@ -398,8 +398,11 @@ class ComputeBackend(abc.ABC):
         Batch ``i`` reads A at ``a_ptr + i * stride_a * itemsize`` bytes (likewise B
         and C), with strides in elements of ``dtype`` (default float32, as the
         original documents). A stride of 0 reuses one matrix for every batch; the C
-        matrices of different batches must not overlap. Same semantics as :meth:`gemm`
-        per batch.
+        matrices of different batches must not overlap: ``stride_c`` spans at least one
+        C matrix, or the batches' columns lie side by side in each column of ``ldc``
+        (``m <= stride_c`` and ``(batch_count - 1) * stride_c + m <= ldc``: one
+        row-major product written panel by panel). Same semantics as :meth:`gemm` per
+        batch.
 
         The default implementation calls :meth:`gemm` once per batch; backends
         override it with a single batched call.
@@ -419,7 +422,11 @@ class ComputeBackend(abc.ABC):
         }
         pa, pb, pc = (as_pointer(p, v) for p, v in (("a_ptr", a_ptr), ("b_ptr", b_ptr), ("c_ptr", c_ptr)))
         c_span = counts["ldc"] * (counts["n"] - 1) + counts["m"] if counts["m"] and counts["n"] else 0
-        if counts["batch_count"] > 1 and c_span and counts["stride_c"] < c_span:
+        side_by_side = (
+            counts["m"] <= counts["stride_c"]
+            and (counts["batch_count"] - 1) * counts["stride_c"] + counts["m"] <= counts["ldc"]
+        )
+        if counts["batch_count"] > 1 and c_span and counts["stride_c"] < c_span and not side_by_side:
             raise InvalidArgumentError(
                 f"stride_c = {counts['stride_c']} is smaller than one C matrix; outputs would overlap"
             )

@@ -73,6 +73,17 @@ class GemmProblem(Problem):
         return (self.n, self.k) if self.trans_b else (self.k, self.n)
 
 
+def _interleaved_columns(m: int, ldc: int, stride_c: int, count: int) -> bool:
+    """True when ``count`` C matrices of ``m`` rows sit side by side inside each column of ``ldc``.
+
+    Batch ``i``'s column ``j`` is rows ``[i * stride_c, i * stride_c + m)`` of column ``j``
+    of one ``ldc``-long column: disjoint for every batch when ``stride_c >= m`` and the
+    last batch ends inside the column. A weight matrix stored as column panels writes one
+    row-major product this way, one panel per batch.
+    """
+    return m <= stride_c and (count - 1) * stride_c + m <= ldc
+
+
 def _blas_dim(name: str, value: object) -> int:
     count = as_count(name, value)
     if count > BLAS_INT_MAX:
@@ -285,7 +296,7 @@ def batched_gemm(
     empty = g.m == 0 or g.n == 0 or count == 0
     reads = not empty and g.k != 0 and g.alpha != 0.0
     c_elems = matrix_bytes(g.m, g.n, g.ldc, 1)
-    if count > 1 and c_elems and sc < c_elems:
+    if count > 1 and c_elems and sc < c_elems and not _interleaved_columns(g.m, g.ldc, sc, count):
         raise InvalidArgumentError(
             f"stride_c = {sc} is smaller than one C matrix ({c_elems} elements with ldc = "
             f"{g.ldc}); the batches' outputs would overlap"
