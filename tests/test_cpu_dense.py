@@ -33,6 +33,8 @@ CASES = [
     (16, 9, 16, 2, True, 1.0, False, 0, 0, None),
     (100, 40, 33, 4, False, 0.0, True, 0, 0, None),  # C all NaN with beta = 0: never read
     (70, 20, 800, 2, False, 1.0, False, 0, 5, None),  # depth over one slice of a panel
+    (64, 50, 40, 4, False, 1.0, False, 0, 192, 64),  # panels side by side: one row-major product
+    (32, 12, 20, 3, True, 0.0, True, 0, 70, 34),  # side by side with gaps between the panels
 ]
 
 
@@ -55,8 +57,9 @@ def test_batched_gemm_with_shared_b_matches_numpy(
     ldb = (n if trans_b else k) + 3
     sa, sc = lda * k + 5, sc_arg if sc_arg is not None else ldc * n + 7
     a = RNG.standard_normal(sa * batch).astype(np.float32)
+    c_size = max(sc * batch, sc * (batch - 1) + ldc * n) + 11
     b = RNG.standard_normal(ldb * (k if trans_b else n)).astype(np.float32)
-    c = np.full(sc * batch + 11, np.nan, np.float32) if c_nan else RNG.standard_normal(sc * batch + 11)
+    c = np.full(c_size, np.nan, np.float32) if c_nan else RNG.standard_normal(c_size)
     c = c.astype(np.float32)
     pa_, pb_, pc_ = (_upload(be, x) for x in (a, b, c))
     try:
@@ -106,3 +109,21 @@ def test_non_finite_operands_propagate_like_blas(cpu_backend: Any) -> None:
             got = out[j * m * n : (j + 1) * m * n].reshape(n, m).T
             np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
             np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+
+
+def test_panels_that_would_overlap_are_refused(cpu_backend: Any) -> None:
+    from computehal.errors import InvalidArgumentError
+
+    be = cpu_backend
+    m, n, k, batch = 16, 4, 8, 3
+    ptrs = [_upload(be, np.zeros(size, np.float32)) for size in (m * k * batch, k * n, 64 * n)]
+    pa, pb, pc = ptrs
+    try:
+        # Side by side needs stride_c >= m and every batch inside a column of ldc.
+        for stride_c, ldc in ((m - 1, 64), (m, 2 * m)):
+            with pytest.raises(InvalidArgumentError):
+                be.batched_gemm("N", "N", m, n, k, 1.0, pa, m, m * k, pb, k, 0, 0.0, pc, ldc, stride_c, batch)
+        be.batched_gemm("N", "N", m, n, k, 1.0, pa, m, m * k, pb, k, 0, 0.0, pc, 3 * m, m, batch)
+    finally:
+        for p in ptrs:
+            be.free(p)

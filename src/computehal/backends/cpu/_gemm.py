@@ -21,12 +21,12 @@ from typing import Any
 import numpy as np
 
 from ... import validation as v
-from ...dtypes import F32
+from ...dtypes import F32, as_float_dtype
 from ...memory import Region, ceil_div
 from ...types import MixedPrecision
 from .._common import round_up
 from ._blas import gemm_at, gemv_at
-from ._gemm_dense import dense_batched
+from ._gemm_dense import dense_batched, weight_panel
 from ._plumbing import CpuPlumbing, FloatArray
 from ._runtime import parallel_pull, single_threaded_blas, workers
 
@@ -152,6 +152,22 @@ class GemmOps(CpuPlumbing):
         else:
             with single_threaded_blas():
                 run(0, p.batch_count)
+
+    def gemm_weight_panel(self, rows: int, depth: int, cols: int, dtype: str = "float32") -> int:
+        """*CPU extension.* Columns per panel in which a constant weight matrix is best stored.
+
+        A model runner multiplying ``rows`` activation rows by the same ``depth x cols``
+        weights again and again can store them once as ``cols / width`` panels of
+        ``width`` columns (each ``depth x width``, contiguous: panel ``j`` holds columns
+        ``j * width`` onwards) and call :meth:`batched_gemm` over the panels with the
+        activations shared (``stride_b = 0``), writing the row-major product panel by
+        panel (``stride_c = width``, ``ldc = cols``). This backend runs that on its
+        compiled dense-layer product, which reads the panels in place where BLAS repacks
+        the weights on every call. Returns 0 where BLAS on the matrix as it is is faster
+        (many rows, a shallow product, a width that does not divide ``cols``), for a dtype
+        that path does not take, or where the kernel cannot be compiled.
+        """
+        return weight_panel(rows, depth, cols, as_float_dtype(dtype))
 
     def _exec_gemm_mixed_precision(self, p: v.GemmProblem) -> None:
         fmt = p.prec

@@ -59,16 +59,18 @@ def _tile_intrinsic(rows: int, accumulate: bool) -> Any:
     """The register tile of ``rows`` rows of ``y`` by :data:`VECTORS` vectors of columns."""
 
     @intrinsic
-    def tile(typingctx, x, x_off, x_rs, x_cs, w, w_off, w_ld, depth, width, y, y_off, y_ld):
+    def tile(typingctx, x, x_off, x_rs, x_cs, w, w_off, w_ld, depth, width, y, y_off, y_ld, pf_off, pf_ld):
         """``y[y_off + i y_ld + p] (+)= sum_r x[x_off + i x_rs + r x_cs] w[w_off + r w_ld + p]``.
 
         For ``i < rows``, ``p < width`` (at most ``VECTORS * LANES``), ``r < depth`` (>= 1).
+        Step ``r`` also asks for the line of ``w`` at ``pf_off + r pf_ld`` to be brought
+        into L2 (a hint: the next panel, while this one is computed).
         """
         f32 = types.float32
         arrays = (x, w, y)
         if not all(isinstance(a, types.Array) and a.dtype == f32 and a.ndim == 1 for a in arrays):
             return None
-        sig = types.void(x, x_off, x_rs, x_cs, w, w_off, w_ld, depth, width, y, y_off, y_ld)
+        sig = types.void(x, x_off, x_rs, x_cs, w, w_off, w_ld, depth, width, y, y_off, y_ld, pf_off, pf_ld)
 
         def codegen(context, builder, signature, args):
             return _tile_code(context, builder, signature, args, rows, accumulate)
@@ -96,7 +98,13 @@ def _tile_code(context: Any, builder: Any, signature: Any, args: Any, rows: int,
     w_ld, depth, width = index(6), index(7), index(8)
     yp = builder.gep(data(9), [index(10)])
     y_ld = index(11)
+    pfp = builder.gep(data(4), [index(12)])
+    pf_ld = index(13)
     module = builder.module
+    i8p = ir.IntType(8).as_pointer()
+    prefetch = cgutils.get_or_insert_function(
+        module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0"
+    )
     load = cgutils.get_or_insert_function(
         module, ir.FunctionType(vec, [ptr_t, i32, mask_t, vec]), "llvm.masked.load.v16f32.p0"
     )
@@ -129,6 +137,8 @@ def _tile_code(context: Any, builder: Any, signature: Any, args: Any, rows: int,
     rows_x = [builder.gep(xp, [builder.mul(x_rs, i64(i))]) for i in range(rows)]
     with cgutils.for_range(builder, depth) as loop:
         r = loop.index
+        ahead = builder.bitcast(builder.gep(pfp, [builder.mul(r, pf_ld)]), i8p)
+        builder.call(prefetch, [ahead, i32(0), i32(2), i32(1)])
         row = builder.gep(wp, [builder.mul(r, w_ld)])
         wv = [builder.call(load, [vector_at(row, j), i32(4), masks[j], zero]) for j in range(VECTORS)]
         at = builder.mul(r, x_cs)
@@ -152,34 +162,42 @@ _add_row = _tile_intrinsic(1, True)
 
 
 @jit
-def _rows(x, xi, x_rs, x_cs, w, wi, w_ld, d, n, y, yi, y_ld, rows, add):
-    """Every block of ``rows`` rows over one slice of a panel (tiles of 6, then 2, then 1 rows)."""
+def _rows(x, xi, x_rs, x_cs, w, wi, w_ld, d, n, y, yi, y_ld, rows, add, ahead):
+    """Every block of ``rows`` rows over one slice of a panel (tiles of 6, then 2, then 1 rows).
+
+    The first :data:`VECTORS` tiles also prefetch the slice of the next panel at ``ahead``
+    (one line of it per step; it has ``VECTORS`` lines a row).
+    """
     i = 0
+    t = 0
     while i < rows:
+        pf = ahead + LANES * (t % VECTORS)
+        t += 1
         left = rows - i
         step = ROWS if left >= ROWS else 2 if left >= 2 else 1
         xr, yr = xi + i * x_rs, yi + i * y_ld
         if step == ROWS and add:
-            _add_block(x, xr, x_rs, x_cs, w, wi, w_ld, d, n, y, yr, y_ld)
+            _add_block(x, xr, x_rs, x_cs, w, wi, w_ld, d, n, y, yr, y_ld, pf, w_ld)
         elif step == ROWS:
-            _set_block(x, xr, x_rs, x_cs, w, wi, w_ld, d, n, y, yr, y_ld)
+            _set_block(x, xr, x_rs, x_cs, w, wi, w_ld, d, n, y, yr, y_ld, pf, w_ld)
         elif step == 2 and add:
-            _add_pair(x, xr, x_rs, x_cs, w, wi, w_ld, d, n, y, yr, y_ld)
+            _add_pair(x, xr, x_rs, x_cs, w, wi, w_ld, d, n, y, yr, y_ld, pf, w_ld)
         elif step == 2:
-            _set_pair(x, xr, x_rs, x_cs, w, wi, w_ld, d, n, y, yr, y_ld)
+            _set_pair(x, xr, x_rs, x_cs, w, wi, w_ld, d, n, y, yr, y_ld, pf, w_ld)
         elif add:
-            _add_row(x, xr, x_rs, x_cs, w, wi, w_ld, d, n, y, yr, y_ld)
+            _add_row(x, xr, x_rs, x_cs, w, wi, w_ld, d, n, y, yr, y_ld, pf, w_ld)
         else:
-            _set_row(x, xr, x_rs, x_cs, w, wi, w_ld, d, n, y, yr, y_ld)
+            _set_row(x, xr, x_rs, x_cs, w, wi, w_ld, d, n, y, yr, y_ld, pf, w_ld)
         i += step
 
 
 @jit
-def product(x, x_rs, x_cs, w, w_off, w_ld, y, y_off, y_ld, rows, depth, width, accumulate):
+def product(x, x_rs, x_cs, w, w_off, w_ld, y, y_off, y_ld, rows, depth, width, accumulate, after):
     """``y[y_off + i y_ld + p] (+)= sum_r x[i x_rs + r x_cs] w[w_off + r w_ld + p]``.
 
     For ``i < rows``, ``p < width``, ``r < depth`` (>= 1): 1-D float32 arrays;
-    ``accumulate`` adds to ``y`` instead of overwriting it.
+    ``accumulate`` adds to ``y`` instead of overwriting it; ``after`` is where the
+    weights read next begin (prefetched during the last panel).
     """
     for p in range(0, width, PANEL):
         n = min(PANEL, width - p)
@@ -187,7 +205,11 @@ def product(x, x_rs, x_cs, w, w_off, w_ld, y, y_off, y_ld, rows, depth, width, a
             d = min(CHUNK, depth - d0)
             add = accumulate or d0 > 0
             wi = w_off + d0 * w_ld + p
-            _rows(x, d0 * x_cs, x_rs, x_cs, w, wi, w_ld, d, n, y, y_off + p, y_ld, rows, add)
+            if d0 + d < depth:
+                ahead = wi + d * w_ld  # the next slice of this panel
+            else:
+                ahead = w_off + p + PANEL if p + PANEL < width else after
+            _rows(x, d0 * x_cs, x_rs, x_cs, w, wi, w_ld, d, n, y, y_off + p, y_ld, rows, add, ahead)
 
 
 @jit
@@ -197,7 +219,10 @@ def batched(x, x_rs, x_cs, w, w_ld, w_step, y, y_ld, y_step, rows, depth, width,
     Matrix ``j`` of ``w`` starts at element ``j * w_step``, its result at ``j * y_step``.
     """
     for j in range(first, last):
-        product(x, x_rs, x_cs, w, j * w_step, w_ld, y, j * y_step, y_ld, rows, depth, width, accumulate)
+        after = (j + 1) * w_step if j + 1 < last else j * w_step
+        product(
+            x, x_rs, x_cs, w, j * w_step, w_ld, y, j * y_step, y_ld, rows, depth, width, accumulate, after
+        )
 
 
 def warm_up() -> None:
