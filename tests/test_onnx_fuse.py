@@ -214,13 +214,22 @@ def test_projections_of_one_input_are_one_gemm_read_by_packed_attention(bias: bo
 
 
 @pytest.mark.parametrize(
-    ("bias_shape", "residual", "rows"),
-    [((6,), "left", (2, 3)), ((1, 6), None, (4,)), (None, "right", (1, 1)), ((6,), "right", (1,))],
+    ("bias_shape", "residual", "rows", "depth", "cols"),
+    [
+        ((6,), "left", (2, 3), 5, 6),
+        ((1, 6), None, (4,), 5, 6),
+        (None, "right", (1, 1), 5, 6),
+        ((6,), "right", (1,), 5, 6),
+        # Shapes the CPU backend takes as a batched GEMM over weight panels (64 columns each).
+        ((192,), "left", (3, 7), 20, 192),
+        (None, "right", (16,), 40, 128),
+        ((128,), None, (2, 9), 33, 128),
+    ],
 )
 def test_matmul_with_bias_and_residual_becomes_one_node(
-    bias_shape: Any, residual: Any, rows: tuple[int, ...]
+    bias_shape: Any, residual: Any, rows: tuple[int, ...], depth: int, cols: int
 ) -> None:
-    w = RNG.standard_normal((5, 6)).astype(np.float32)
+    w = RNG.standard_normal((depth, cols)).astype(np.float32)
     inits: dict[str, np.ndarray] = {"w": w}
     nodes = [_n("MatMul", ["x", "w"], "mm")]
     value = "mm"
@@ -231,18 +240,18 @@ def test_matmul_with_bias_and_residual_becomes_one_node(
     if residual is not None:
         nodes.append(_n("Add", ["r", value] if residual == "left" else [value, "r"], "y"))
         value = "y"
-    inputs = [helper.make_tensor_value_info(t, F, [*rows, c]) for t, c in (("x", 5), ("r", 6))]
+    inputs = [helper.make_tensor_value_info(t, F, [*rows, c]) for t, c in (("x", depth), ("r", cols))]
     model = _model(nodes, inputs if residual else inputs[:1], [value], inits)
-    feeds = {"x": RNG.standard_normal((*rows, 5)).astype(np.float32)}
+    feeds = {"x": RNG.standard_normal((*rows, depth)).astype(np.float32)}
     want = feeds["x"].astype(np.float64) @ w
     if bias_shape is not None:
         want = want + inits["b"]
     if residual is not None:
-        feeds["r"] = RNG.standard_normal((*rows, 6)).astype(np.float32)
+        feeds["r"] = RNG.standard_normal((*rows, cols)).astype(np.float32)
         want = want + feeds["r"]
     (y,), ops = _run(model, feeds)
     assert ops == [MATMUL_ADD]
-    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * math.sqrt(depth))
 
 
 def test_matmul_read_twice_keeps_its_add() -> None:

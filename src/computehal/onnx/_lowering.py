@@ -57,10 +57,14 @@ class LoweringContext:
 
     ``stable`` names the constants of the model as loaded: weights derived from them keep
     their name as key across plans; any other constant is keyed by its content.
+    ``weight_panel(rows, depth, cols)`` is the column-panel width in which the primary
+    backend wants a constant float32 ``depth x cols`` weight stored for ``rows``
+    activation rows (0: as it is; see the CPU backend's ``gemm_weight_panel``).
     """
 
     spec: Specialized
     stable: frozenset[str] = frozenset()
+    weight_panel: Callable[[int, int, int], int] = field(default=lambda rows, depth, cols: 0)
     device: dict[str, DeviceTensor] = field(default_factory=dict)
     host: set[str] = field(default_factory=set)
     weights: dict[str, DeviceTensor] = field(default_factory=dict)

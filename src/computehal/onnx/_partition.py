@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,7 +26,7 @@ from ._shapes import Specialized
 from ._support import atoms_of, missing
 from ._tensors import Call, DeviceTensor, Storage, Upload
 
-__all__ = ["BackendLacksError", "FallbackWarning", "NodePlan", "partition"]
+__all__ = ["BackendLacksError", "FallbackWarning", "NodePlan", "partition", "weight_panel"]
 
 PRIMARY, FALLBACK, HOST = "primary", "fallback", "host"
 
@@ -82,7 +83,7 @@ def partition(
     ``forced`` maps nodes to the CPU fallback with the reason (refused when they ran).
     """
     fuse(spec, lambda node: _runs_on(node, spec, primary, stable))
-    ctx = LoweringContext(spec, stable)
+    ctx = LoweringContext(spec, stable, weight_panel=weight_panel(primary))
     for info in spec.graph.inputs:
         ctx.host.add(info.name)
         shape = spec.shapes.get(info.name)
@@ -117,9 +118,21 @@ def partition(
     return plans, ctx
 
 
+def weight_panel(backend: ComputeBackend) -> Callable[[int, int, int], int]:
+    """``(rows, depth, cols) -> width``: the column panels ``backend`` wants float32 weights in (0: none).
+
+    Asked through the CPU backend's documented extension ``gemm_weight_panel``; other
+    backends do not offer it and get the weights as they are.
+    """
+    ask = getattr(backend, "gemm_weight_panel", None)
+    if not callable(ask):
+        return lambda rows, depth, cols: 0
+    return lambda rows, depth, cols: int(ask(rows, depth, cols, "float32"))
+
+
 def _runs_on(node: Node, spec: Specialized, backend: ComputeBackend, stable: frozenset[str]) -> bool:
     """True when ``node`` lowers and ``backend`` has everything its calls need (a trial lowering)."""
-    ctx = LoweringContext(spec, stable)
+    ctx = LoweringContext(spec, stable, weight_panel=weight_panel(backend))
     for name in node.present_inputs():
         info = spec.info(name)
         if name in spec.graph.consts or info is None:

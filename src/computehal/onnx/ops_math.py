@@ -267,7 +267,7 @@ def matmul_add(lw: Lowerer) -> None:
     output for each ``Add``.
     """
     x_shape, (k, n) = lw.shape(0), lw.shape(1)
-    x, w = lw.tensor(0), lw.tensor(1)
+    x = lw.tensor(0)
     y = lw.output(0)
     rows = math.prod(x_shape[:-1])
     if y.size == 0:
@@ -294,7 +294,35 @@ def matmul_add(lw: Lowerer) -> None:
         beta = 1.0
     if k == 0:
         return
+    if _panel_product(lw, x, y, rows, beta):
+        return
+    w = lw.tensor(1)
     lw.call("gemm", "N", "N", n, rows, k, 1.0, w, max(1, n), x, max(1, k), beta, y, max(1, n), dtype=dt)
+
+
+def _panel_product(lw: Lowerer, x: DeviceTensor, y: DeviceTensor, rows: int, beta: float) -> bool:
+    """``y (+)= x @ W`` over ``W`` stored once as column panels, where the backend asks for them.
+
+    The constant ``W`` [k, n] is laid out at load as ``n / width`` contiguous panels of
+    ``width`` columns ([n / width, k, width]) and the product is one batched GEMM over the
+    panels with ``x`` shared, each batch writing its columns of the row-major ``y``
+    (``stride_c = width``, ``ldc = n``). The CPU backend runs that on a kernel reading
+    the panels in place, where BLAS repacks the whole weight matrix on every call.
+    """
+    w = lw.const(1)
+    if w is None or w.dtype != np.float32 or y.dtype != np.float32:
+        return False
+    k, n = w.shape
+    width = lw.ctx.weight_panel(rows, k, n)
+    if not width or n % width or n < 2 * width:
+        return False
+    panels = w.reshape(k, n // width, width).transpose(1, 0, 2)
+    wp = lw.weight(panels, "panels", key=f"{lw.node.inputs[1]}:panels{width}")
+    lw.call(
+        "batched_gemm", "N", "N", width, rows, k, 1.0, wp, width, k * width,
+        x, k, 0, beta, y, n, width, n // width, dtype=y.dt,
+    )  # fmt: skip
+    return True
 
 
 @lowers(HEADS_PROJECTION)
