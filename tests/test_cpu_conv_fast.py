@@ -180,9 +180,16 @@ def test_direct_forward_matches_float64(
     bias = rng.standard_normal(k).astype(F32) if with_bias else None
     want = _strided_forward64(x, f, bias, pads, stride)
     mag = _strided_forward64(np.abs(x), np.abs(f), None if bias is None else np.abs(bias), pads, stride)
-    y = np.full(want.shape, np.nan, dtype=F32)
+    guarded = np.full(want.size + 64, np.nan, dtype=F32)
+    y = guarded[: want.size].reshape(want.shape)
     direct_forward(x, f, bias, y, (pads[0], pads[1], stride[0], stride[1]))
     _within_kit_tolerance(y, want, mag, c * fhw[0] * fhw[1])
+    assert np.isnan(guarded[want.size :]).all()  # nothing stored past the output
+    # An output that is not one contiguous block (computed aside, then copied).
+    wide = np.full((*want.shape[:3], want.shape[3] + 5), np.nan, dtype=F32)
+    direct_forward(x, f, bias, wide[..., 2:-3], (pads[0], pads[1], stride[0], stride[1]))
+    _within_kit_tolerance(wide[..., 2:-3], want, mag, c * fhw[0] * fhw[1])
+    assert np.isnan(wide[..., :2]).all() and np.isnan(wide[..., -3:]).all()
 
 
 @pytest.mark.parametrize("poison", [False, True])

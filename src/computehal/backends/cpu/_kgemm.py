@@ -56,23 +56,34 @@ PANEL_FLOATS = 1 << 17
 
 
 def _tile_intrinsic(rows: int, vectors: int, accumulate: bool, table: bool = False) -> Any:
-    """The register tile of ``rows`` output channels by ``vectors`` vectors of pixels."""
+    """The register tile of ``rows`` output channels by ``vectors`` vectors of pixels.
+
+    A ``table`` tile reads its inner steps' pixels through ``offsets`` and stores each
+    vector's lanes compressed (see :func:`product_table`).
+    """
 
     @intrinsic
-    def tile(typingctx, fp, f_off, x, x_off, x_ld, offsets, depth, width, valid, bias, b_off, y, y_off, y_ld):
+    def tile(
+        typingctx, fp, f_off, x, x_off, x_ld, offsets, depth, width, valid, bias, b_off, y, y_off, y_ld, st
+    ):
         """``y[y_off + i y_ld + p] = bias[b_off + i] + sum_r fp[f_off + r rows + i] x[x_off + row(r) + p]``.
 
         For ``i < valid`` (at most ``rows``), ``p < width`` (at most ``vectors * LANES``),
         ``r < depth`` (>= 1); ``row(r)`` is ``offsets[r]`` for a table tile, else
-        ``r x_ld``. An accumulating tile starts from ``y`` instead of the bias.
+        ``r x_ld``. An accumulating tile starts from ``y`` instead of the bias. A table
+        tile stores vector ``j`` of channel ``i`` compressed: its lanes set in
+        ``st[vectors + j]`` to consecutive places from ``y[y_off + i y_ld + st[j]]``.
         """
         f32 = types.float32
         arrays = (fp, x, bias, y)
         if not all(isinstance(a, types.Array) and a.dtype == f32 and a.ndim == 1 for a in arrays):
             return None
-        if not (isinstance(offsets, types.Array) and offsets.dtype == types.int64 and offsets.ndim == 1):
+        tables = (offsets, st)
+        if not all(isinstance(a, types.Array) and a.dtype == types.int64 and a.ndim == 1 for a in tables):
             return None
-        sig = types.void(fp, f_off, x, x_off, x_ld, offsets, depth, width, valid, bias, b_off, y, y_off, y_ld)
+        sig = types.void(
+            fp, f_off, x, x_off, x_ld, offsets, depth, width, valid, bias, b_off, y, y_off, y_ld, st
+        )
 
         def codegen(context, builder, signature, args):
             return _tile_code(context, builder, signature, args, (rows, vectors, accumulate, table))
@@ -152,11 +163,34 @@ def _tile_code(context: Any, builder: Any, signature: Any, args: Any, shape: tup
             weight = splat(builder.load(builder.gep(weights, [i64(i)])), vec)
             for j in range(vectors):
                 builder.store(builder.call(fma, [weight, xv[j], builder.load(accs[i][j])]), accs[i][j])
+    if table:
+        _compressed_stores(builder, (yp, y_ld, valid, data(14)), accs, vectors)
+        return context.get_dummy_value()
     for i in range(rows):
         out = builder.gep(yp, [builder.mul(y_ld, i64(i))])
         for j in range(vectors):
             builder.call(store, [builder.load(accs[i][j]), vector_at(out, j), i32(4), row_masks[i][j]])
     return context.get_dummy_value()
+
+
+def _compressed_stores(builder: Any, where: tuple[Any, ...], accs: Any, vectors: int) -> None:
+    """Store each accumulator's lanes set in its 16-bit mask to consecutive floats (vcompressps)."""
+    yp, y_ld, valid, st = where
+    vec = ir.VectorType(ir.FloatType(), LANES)
+    i64 = ir.IntType(64)
+    mask_t = ir.VectorType(ir.IntType(1), LANES)
+    fnty = ir.FunctionType(ir.VoidType(), [vec, ir.FloatType().as_pointer(), mask_t])
+    compress = cgutils.get_or_insert_function(builder.module, fnty, "llvm.masked.compressstore.v16f32")
+    none = ir.Constant(mask_t, [0] * LANES)
+    starts = [builder.load(builder.gep(st, [i64(j)])) for j in range(vectors)]
+    bits = [builder.load(builder.gep(st, [i64(vectors + j)])) for j in range(vectors)]
+    masks = [builder.bitcast(builder.trunc(b, ir.IntType(LANES)), mask_t) for b in bits]
+    for i, row in enumerate(accs):
+        out = builder.gep(yp, [builder.mul(y_ld, i64(i))])
+        inside = builder.icmp_signed("<", i64(i), valid)
+        for j, acc in enumerate(row):
+            mask = builder.select(inside, masks[j], none)
+            builder.call(compress, [builder.load(acc), builder.gep(out, [starts[j]]), mask])
 
 
 _gemm_tile = _tile_intrinsic(ROWS, VECTORS, False)
@@ -199,7 +233,7 @@ def product(f, f_ld, x, x_ld, bias, y, y_ld, rows, depth, width, block, chunk):
     packed = np.empty(blocks * ROWS * depth, dtype=np.float32)
     pbias = np.empty(blocks * ROWS, dtype=np.float32)
     pack_filter(f, f_ld, bias, rows, depth, ROWS, packed, pbias)
-    unused = np.empty(1, dtype=np.int64)
+    no = np.empty(1, dtype=np.int64)  # no offset table / compressed stores
     step = LANES * VECTORS
     for p0 in range(0, width, block):
         p1 = min(width, p0 + block)
@@ -210,44 +244,49 @@ def product(f, f_ld, x, x_ld, bias, y, y_ld, rows, depth, width, block, chunk):
                 fk = (b * depth + d0) * ROWS
                 for p in range(p0, p1, step):
                     n, at, xk = min(step, p1 - p), b * ROWS * y_ld + p, d0 * x_ld + p
+                    k0 = b * ROWS
                     if d0 == 0:
-                        _gemm_tile(packed, fk, x, xk, x_ld, unused, d, n, valid, pbias, b * ROWS, y, at, y_ld)
+                        _gemm_tile(packed, fk, x, xk, x_ld, no, d, n, valid, pbias, k0, y, at, y_ld, no)
                     else:
-                        _gemm_add(packed, fk, x, xk, x_ld, unused, d, n, valid, pbias, b * ROWS, y, at, y_ld)
+                        _gemm_add(packed, fk, x, xk, x_ld, no, d, n, valid, pbias, k0, y, at, y_ld, no)
 
 
 @jit
-def product_table(packed, pbias, rows, depth, x, x0, offsets, y, y_ld, width):
-    """``y[i y_ld + p] = pbias[i] + sum_r w[i, r] x[x0 + p + offsets[r]]``, ``w`` from :func:`pack_filter`.
+def product_table(packed, pbias, rows, depth, x, x0, offsets, y, y_ld, width, line, keep):
+    """``y[i y_ld + o(p)] = pbias[i] + sum_r w[i, r] x[x0 + p + offsets[r]]``, ``w`` from :func:`pack_filter`.
 
-    For ``i < rows``, ``p < width``: a product whose inner step ``r`` reads the pixels
-    at ``offsets[r]`` from ``x0`` (a convolution's taps in a copy of its input laid out
-    so that every tap of a row of output pixels is a unit-stride segment). ``packed`` /
-    ``pbias`` from :func:`pack_filter` with panels of :data:`ROWS`.
+    For ``i < rows`` and the pixels ``p < width`` of a grid of ``line`` pixels a row
+    whose first ``keep`` of each row are kept: ``o(p) = (p // line) keep + p % line``
+    (the rows of the output, contiguous). Inner step ``r`` reads the pixels at
+    ``offsets[r]`` from ``x0`` (a convolution's taps in a copy of its input laid out so
+    that every tap of a row of output pixels is a unit-stride segment); the kept lanes
+    of each vector are stored compressed, so the dropped columns are never written.
+    ``packed`` / ``pbias`` from :func:`pack_filter` with panels of :data:`ROWS`.
     """
     blocks = (rows + ROWS - 1) // ROWS
     step = LANES * VECTORS
+    tiles = (width + step - 1) // step
+    stores = np.zeros(tiles * 2 * VECTORS, dtype=np.int64)
+    for t in range(tiles):
+        for j in range(VECTORS):
+            first, bits = -1, 0
+            for lane in range(LANES):
+                p = t * step + j * LANES + lane
+                if p < width and p % line < keep:
+                    bits |= 1 << lane
+                    if first < 0:
+                        first = (p // line) * keep + p % line
+            stores[t * 2 * VECTORS + j] = max(first, 0) - (t * step // line) * keep - (t * step) % line
+            stores[t * 2 * VECTORS + VECTORS + j] = bits
     for b in range(blocks):
         valid = min(ROWS, rows - b * ROWS)
         fk = b * depth * ROWS
-        for p in range(0, width, step):
+        for t in range(tiles):
+            p = t * step
             n = min(step, width - p)
-            _table_tile(
-                packed,
-                fk,
-                x,
-                x0 + p,
-                0,
-                offsets,
-                depth,
-                n,
-                valid,
-                pbias,
-                b * ROWS,
-                y,
-                b * ROWS * y_ld + p,
-                y_ld,
-            )
+            at = b * ROWS * y_ld + (p // line) * keep + p % line
+            st = stores[t * 2 * VECTORS : (t + 1) * 2 * VECTORS]
+            _table_tile(packed, fk, x, x0 + p, 0, offsets, depth, n, valid, pbias, b * ROWS, y, at, y_ld, st)
 
 
 def pixel_block(depth: int) -> int:
@@ -271,6 +310,7 @@ def warm_up() -> None:
     pbias = np.empty(16, dtype=np.float32)
     pack_filter(f.ravel(), 3, bias, 9, 3, ROWS, packed, pbias)
     y[...] = 0
-    product_table(packed, pbias, 9, 3, x.ravel(), 0, np.arange(3, dtype=np.int64) * 37, y.ravel(), 37, 37)
+    taps = np.arange(3, dtype=np.int64) * 37
+    product_table(packed, pbias, 9, 3, x.ravel(), 0, taps, y.ravel(), 37, 37, 37, 37)
     if not np.allclose(y, want, rtol=1e-5, atol=1e-5):
         raise RuntimeError("the compiled table product gives wrong results here")
