@@ -46,18 +46,28 @@ def direct_applies(c: int, ow: int, dh: int, dw: int) -> bool:
 
 
 def _split_phases(x: FloatArray, i: int, pt: int, pl: int, out: FloatArray) -> None:
-    """``out[c, a, b, u, v]`` = image ``i`` of ``x`` at (a + u sh - pt, b + v sw - pl), 0 outside."""
+    """``out[c, a, b, u, v]`` = image ``i`` of ``x`` at (a + u sh - pt, b + v sw - pl), 0 outside.
+
+    Only the border outside the image is zeroed (zeroing the whole buffer first had cost
+    a third of the split).
+    """
     h, w = x.shape[2], x.shape[3]
     _, sh, sw, hq, wq = out.shape
-    out[...] = 0
     for a in range(sh):
-        u0, u1 = max(0, -(-(pt - a) // sh)), min(hq, -(-(h + pt - a) // sh))
+        u0, u1 = max(0, -(-(pt - a) // sh)), max(0, min(hq, -(-(h + pt - a) // sh)))
         for b in range(sw):
-            v0, v1 = max(0, -(-(pl - b) // sw)), min(wq, -(-(w + pl - b) // sw))
-            if u1 > u0 and v1 > v0:
-                r0, c0 = a + u0 * sh - pt, b + v0 * sw - pl
-                rows = slice(r0, r0 + (u1 - u0 - 1) * sh + 1, sh)
-                out[:, a, b, u0:u1, v0:v1] = x[i, :, rows, c0 : c0 + (v1 - v0 - 1) * sw + 1 : sw]
+            v0, v1 = max(0, -(-(pl - b) // sw)), max(0, min(wq, -(-(w + pl - b) // sw)))
+            phase = out[:, a, b]
+            if u1 <= u0 or v1 <= v0:
+                phase[...] = 0
+                continue
+            phase[:, :u0] = 0
+            phase[:, u1:] = 0
+            phase[:, u0:u1, :v0] = 0
+            phase[:, u0:u1, v1:] = 0
+            r0, c0 = a + u0 * sh - pt, b + v0 * sw - pl
+            rows = slice(r0, r0 + (u1 - u0 - 1) * sh + 1, sh)
+            phase[:, u0:u1, v0:v1] = x[i, :, rows, c0 : c0 + (v1 - v0 - 1) * sw + 1 : sw]
 
 
 def _tap_offsets(shape: tuple[int, ...], fh: int, fw: int) -> Any:
