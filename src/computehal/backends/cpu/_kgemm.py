@@ -185,12 +185,28 @@ def _compressed_stores(builder: Any, where: tuple[Any, ...], accs: Any, vectors:
     starts = [builder.load(builder.gep(st, [i64(j)])) for j in range(vectors)]
     bits = [builder.load(builder.gep(st, [i64(vectors + j)])) for j in range(vectors)]
     masks = [builder.bitcast(builder.trunc(b, ir.IntType(LANES)), mask_t) for b in bits]
+    store = cgutils.get_or_insert_function(
+        builder.module,
+        ir.FunctionType(ir.VoidType(), [vec, vec.as_pointer(), ir.IntType(32), mask_t]),
+        "llvm.masked.store.v16f32.p0",
+    )
+    # A vector with every lane kept is one run of output: a plain (masked) store, which
+    # costs a fraction of a compressing one.
+    full = [builder.icmp_signed("==", b, i64((1 << LANES) - 1)) for b in bits]
     for i, row in enumerate(accs):
         out = builder.gep(yp, [builder.mul(y_ld, i64(i))])
         inside = builder.icmp_signed("<", i64(i), valid)
         for j, acc in enumerate(row):
             mask = builder.select(inside, masks[j], none)
-            builder.call(compress, [builder.load(acc), builder.gep(out, [starts[j]]), mask])
+            at = builder.gep(out, [starts[j]])
+            with builder.if_else(full[j]) as (whole, part):
+                with whole:
+                    builder.call(
+                        store,
+                        [builder.load(acc), builder.bitcast(at, vec.as_pointer()), ir.IntType(32)(4), mask],
+                    )
+                with part:
+                    builder.call(compress, [builder.load(acc), at, mask])
 
 
 _gemm_tile = _tile_intrinsic(ROWS, VECTORS, False)
