@@ -383,6 +383,104 @@ def _batched_cases() -> list[Case]:
     return cases
 
 
+# ----------------------------------------------------- batched GEMM writing one C side by side
+
+
+def _panels_value(
+    be: ComputeBackend,
+    *,
+    label: str,
+    ta: str,
+    tb: str,
+    m: int,
+    n: int,
+    k: int,
+    batch: int,
+    gap: int = 0,
+    share_b: bool = True,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+    c_nan: bool = False,
+    specials: bool = False,
+    dtype: Any = "float32",
+) -> float:
+    """Batches whose C matrices lie side by side in each column (``stride_c = m + gap < ldc``).
+
+    How a runner writes one row-major product from a weight stored as column panels: batch
+    ``i`` writes rows ``[i * stride_c, i * stride_c + m)`` of every column of one ``ldc``-long
+    C; with ``share_b`` every batch reads the same B (``stride_b = 0``). Every element of C
+    that no batch owns (the gaps, the rows after the last batch) must keep its bits.
+    """
+    rng = rng_for(label)
+    a_rows, a_cols = (k, m) if transposed(ta) else (m, k)
+    b_rows, b_cols = (n, k) if transposed(tb) else (k, n)
+    lda, ldb = a_rows + 1, b_rows + 2
+    stride_a, stride_b, stride_c = lda * a_cols + 3, 0 if share_b else ldb * b_cols + 2, m + gap
+    ldc = (batch - 1) * stride_c + m + 2
+    batches_b = 1 if share_b else batch
+    a, b, c = (
+        ref.round_to(rng.standard_normal(shape), dtype)
+        for shape in ((batch, a_rows, a_cols), (batches_b, b_rows, b_cols), (batch, m, n))
+    )
+    if c_nan:
+        c[...] = np.nan
+    if specials:
+        _inject_specials(a[-1], b[-1], c[-1])
+    whole = np.full(ldc * n, SENTINEL, dtype=np.float64)
+    owned = np.zeros(ldc * n, dtype=bool)
+    spots = [i * stride_c + np.arange(m)[:, None] + ldc * np.arange(n)[None, :] for i in range(batch)]
+    for i, spot in enumerate(spots):
+        whole[spot], owned[spot] = c[i], True
+    c_flat = storage(whole, dtype)
+    with Workspace(be) as ws:
+        pa = ws.put(_pack_batches(a, lda, stride_a, np.nan, batch, dtype), label="A")
+        pb = ws.put(_pack_batches(b, ldb, stride_b, np.nan, batches_b, dtype), label="B")
+        pc = ws.put(c_flat, label="C")
+
+        def call() -> None:
+            be.batched_gemm(
+                ta, tb, m, n, k, alpha, pa, lda, stride_a, pb, ldb, stride_b, beta, pc, ldc, stride_c, batch,
+                dtype=dtype,
+            )  # fmt: skip
+
+        if not call_or_refuse(be, ws, "batched_gemm", dtype, call):
+            return 0.0
+        got = ws.get(pc, c_flat.size, c_flat.dtype)
+        ws.check_unchanged(("A", "B"))
+    assert_bits_equal("batched_gemm: C outside every batch's rows", got[~owned], c_flat[~owned])
+    worst = 0.0
+    for i, spot in enumerate(spots):
+        want, tol = _want_and_tol(ta, tb, alpha, a[i], b[0 if share_b else i], beta, c[i], eps_of(dtype))
+        stored = ref.stored_colmajor(got[spot.reshape(-1, order="F")], m, n, m)
+        what = f"batched_gemm side-by-side batch {i}"
+        worst = max(worst, assert_close(what, stored, want, storage_tol(tol, want, dtype), dtype=dtype))
+    return worst
+
+
+#: (name, op(A) op(B), (m, n, k), keywords of _panels_value). The float32 cases with a
+#: shared B, alpha 1 and beta 0 or 1 are the weight-panel products a model runner issues.
+_PANEL_CASES: tuple[tuple[str, str, tuple[int, int, int], dict[str, Any]], ...] = (
+    ("panels-shared-B-accumulate", "NN", (13, 9, 17), dict(batch=3, beta=1.0)),
+    ("panels-shared-B-gaps-nan-C", "NT", (20, 8, 18), dict(batch=4, gap=3, c_nan=True)),
+    ("panels-shared-B-specials", "NN", (16, 10, 16), dict(batch=2, specials=True)),
+    ("panels-general", "TN", (5, 6, 7), dict(batch=3, gap=1, share_b=False, alpha=0.75, beta=1.25)),
+)
+
+
+def _panel_cases() -> list[Case]:
+    cases = [
+        matmul_case("batched_gemm", _panels_value, name, f"bgp-{name}", trans, mnk, **keywords)
+        for name, trans, mnk, keywords in _PANEL_CASES
+    ]
+    for dt in DTYPES:
+        name = f"panels-{SHORT[dt]}"
+        keywords: dict[str, Any] = dict(batch=3, gap=1, alpha=0.75, beta=1.25, dtype=dt)
+        cases.append(
+            matmul_case("batched_gemm", _panels_value, name, f"bgp-{name}", "NT", (6, 5, 4), **keywords)
+        )
+    return cases
+
+
 def blas_cases() -> list[Case]:
     """Every gemm and batched_gemm value case."""
-    return _gemm_cases() + _batched_cases()
+    return _gemm_cases() + _batched_cases() + _panel_cases()
