@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from computehal import Capabilities, ComputeBackend, CpuBackend, ForwardingBackend, NullBackend
-from computehal.backend import ALL_OPS
+from computehal.backend import ALL_OPS, MEMORY_OPS
 from computehal.testing import OPS, Case, conformance_cases, reference, run_case, run_conformance
 from conftest import live_count, runnable_backends, use_shared
 
@@ -74,14 +74,28 @@ def test_case_ids_unique_and_grouped() -> None:
     assert order == sorted(order)
 
 
+#: The ABC's public methods that compute nothing: lifecycle, introspection, memory queries.
+#: A public method in none of ALL_OPS, MEMORY_OPS and this list fails the test below.
+SERVICE_METHODS = frozenset(
+    {
+        "allocation_of", "available_devices", "borrow", "capabilities", "close", "dlpack_device",
+        "host_view", "init", "is_initialized", "name", "recommended_tile_for", "synchronize",
+    }
+)  # fmt: skip
+
+
 def test_every_public_compute_method_has_definition_and_cases() -> None:
-    """The ABC's compute methods (ALL_OPS) all have a reference definition, value and bad-input cases."""
+    """Every public method of the ABC is a compute op (ALL_OPS: a reference definition, value
+    and bad-input cases required), a memory op, or one of the named service methods."""
     public = {
         name
         for name in vars(ComputeBackend)
         if not name.startswith("_") and callable(getattr(ComputeBackend, name))
     }
     assert set(ALL_OPS) <= public
+    unclassified = public - set(ALL_OPS) - set(MEMORY_OPS) - SERVICE_METHODS
+    assert not unclassified, f"public methods neither ops nor service methods: {sorted(unclassified)}"
+    assert SERVICE_METHODS <= public, sorted(SERVICE_METHODS - public)
     by_op: dict[str, list[str]] = {}
     for case in CASES:
         by_op.setdefault(case.op, []).append(case.name)
