@@ -13,7 +13,10 @@ fifth of the stem's time).
 
 The phase copy is the input's size (plus padding) per image, where im2col writes
 C Fh Fw floats for every output pixel (12x the input for the stem) and reads them back.
-Measured on the stem (see :mod:`._conv_select`). The products multiply exactly the
+Measured on the stem (see :mod:`._conv_select`). A tile of one output row (3 or 4
+channels by the row's 7 vectors, 112 pixels) was tried first: 4 x 7 spilled
+accumulators to the stack, 3 x 7 (7 loads per 21 multiply-adds) ran at half the rate
+of the 8 x 3 tile on the grid. The products multiply exactly the
 terms of the direct definition plus padding zeros, so the caller keeps padded
 convolutions to finite filters (as for im2col).
 """

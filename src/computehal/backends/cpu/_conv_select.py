@@ -14,7 +14,8 @@ with ``computehal bench`` (ratios in the module docstrings of each algorithm):
   (:mod:`._kgemm`) instead of BLAS: it reads the pixels in place and writes each output
   once (OpenBLAS zeroes C, then reads and writes it again). CPU time on one core, best
   of 11, batch 8: 64 -> 256 channels at 56x56 123-135 vs 101-109 GFLOP/s, 64 -> 64
-  114-117 vs 102-108. Deeper products with at most 64 output channels over wide pixel
+  114-117 vs 102-108 (with the earlier 8 x 2 tile; the 8 x 3 tile over a packed filter
+  gained 10-15 % more, see :mod:`._kgemm`). Deeper products with at most 64 output channels over wide pixel
   blocks (256 -> 64 at 56x56) run on it too, in depth slices of 64 (86 vs 74); other
   deep products stay on BLAS, which runs them faster (256 -> 1024 at 14x14: 122 vs 108).
 * 3x3 stride-1 convolutions (one group, no dilation, at least :data:`WINOGRAD_MIN_CHANNELS`
@@ -40,9 +41,11 @@ with ``computehal bench`` (ratios in the module docstrings of each algorithm):
 * Of those, convolutions of images with at most 4 channels and rows of 32 pixels or more
   (the stem), float32: the im2col-free kernel of :mod:`._conv_direct` (the input split
   once into stride phases, every tap a unit-stride segment read through a table of
-  offsets). The stem at batch 8, CPU time of one thread against a one-thread sgemm of
-  135-140 GFLOP/s, best of 7 interleaved: 93-96 GFLOP/s vs im2col 79-81 (whose column
-  building was 17 % of its time); batch 1 82-88 vs 73-75.
+  offsets, the outputs stored in place). The stem at batch 8, CPU time of one thread,
+  interleaved: 93-96 GFLOP/s vs im2col 79-81 against a one-thread sgemm of 135-140
+  (im2col's column building was 17 % of its time, the phase split is under 5 %); batch
+  1 82-88 vs 73-75. Bench rounds (two threads, shared machine): 0.77 and 0.96 of
+  sgemm, where im2col gave 0.52-0.59.
 * Transformed Winograd filters are kept between calls (:mod:`._winograd_cache`, checked
   against a copy of the filter's bytes on every use, so no write or free can make it
   stale), which moves two more shapes to Winograd once their filter has been seen
@@ -57,17 +60,20 @@ with ``computehal bench`` (ratios in the module docstrings of each algorithm):
   512-channel layers every call had cost a quarter of their time at batch 1 (CPU time,
   one core: 3x3 at 7x7 4.7-4.8 -> 3.1-4.0 ms, stride 2 at 14x14 4.6 -> 2.9-3.1 ms).
 
-What still limits the rows that miss 0.8 of sgemm is the product, not the split:
-OpenBLAS runs ResNet's 256 -> 64 1x1 product (64 x 256 x 3136 per image) at 0.55-0.6 of
-its square-matrix rate once the images come from memory rather than cache (0.76 on one
-image over and over; the compiled kernel reaches about 0.6 too, packing its tiles or
-prefetching the next block gained nothing); the stem (8 images, one core) spends
-2.5-3 ms building columns and 15 ms in 64 x 148 x 1792 products (about 0.6 of the
-square rate, BLAS and the compiled kernel alike, 83-86 GFLOP/s) and 4 ms more writing
-its 25.7 MB output (non-temporal stores gained nothing); deep products on few pixels
-(batch 1 from 14x14 down) stay at 0.65-0.9 in BLAS. On one core the 3x3 rows and the
-64 -> 256 1x1 row reach 0.8-1.0 of a one-thread sgemm; what the two-core bench loses
-beyond that could not be measured on the shared machine this was written on.
+What still limits the rows that miss 0.8 of sgemm is the product and the memory, not
+the split. The compiled product (8 x 3 register tile over a packed filter) runs
+ResNet's 1x1 products at 0.65-0.8 of a one-thread sgemm's CPU-time rate, about BLAS's
+rate on 256 -> 64 and above it on 64 -> 256; packing the pixels into tile-major panels,
+running all channel panels over one tile at a time, full-depth passes and prefetching
+the next block into L2 were measured equal or slower. The 1x1 rows read 3.2 MB per image
+for 103 MFLOP, so they are the rows a busy memory system moves most: on the shared
+machine the same code measured 0.41-0.95 (256 -> 64), 0.60-0.99 (64 -> 256) and
+0.57-0.94 (256 -> 512 stride 2) of sgemm from one bench round to the next. The direct
+kernel reaches about 0.55 of a one-thread sgemm on one thread (its tap rows are not
+64-byte aligned; a 3 x 7 tile on the same table ran 1.7x faster with its offsets
+rounded to 64 bytes, i.e. on the wrong data); two threads
+on the two vCPUs (which share a core) recover part of that. Deep products on few
+pixels (batch 1 from 14x14 down) stay at 0.65-0.9 in BLAS.
 
 ``onednn`` on PyPI ships oneDNN with its C API, but only beside about 600 MB of Intel
 SYCL / OpenCL runtime wheels; the algorithms here are written with numba, LLVM IR and
