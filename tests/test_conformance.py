@@ -79,7 +79,8 @@ def test_case_ids_unique_and_grouped() -> None:
 SERVICE_METHODS = frozenset(
     {
         "allocation_of", "available_devices", "borrow", "capabilities", "close", "dlpack_device",
-        "host_view", "init", "is_initialized", "name", "recommended_tile_for", "synchronize",
+        "gemm_weight_panel", "host_view", "init", "is_initialized", "name", "recommended_tile_for",
+        "synchronize",
     }
 )  # fmt: skip
 

@@ -983,6 +983,32 @@ class ComputeBackend(abc.ABC):
         """A GEMM tile for an m x n x k problem, from :func:`~computehal.default_tile_for`."""
         return default_tile_for(as_count("m", m), as_count("n", n), as_count("k", k), self.capabilities())
 
+    def gemm_weight_panel(self, rows: int, depth: int, cols: int, *, dtype: DType = "float32") -> int:
+        """*Extension.* Columns per panel in which a constant ``depth x cols`` weight is best stored.
+
+        A caller multiplying ``rows`` activation rows by the same weight again and again
+        (a model runner's dense layers) may store it once as ``cols / width`` panels of
+        ``width`` columns, each a contiguous ``depth x width`` matrix, and run the product
+        as one :meth:`batched_gemm` over the panels with the activations shared
+        (``stride_b = 0``) and the outputs side by side in each column of C
+        (``stride_c = width``, ``ldc`` the output's row length): the row-major product,
+        written panel by panel. A backend whose kernels read such panels in place where a
+        plain GEMM repacks the weight on every call returns the width it wants; 0 (the
+        default) means: keep the weight as it is. A hint only: every layout gives the same
+        results.
+
+        Raises
+        ------
+        InvalidArgumentError
+            If a size is not a non-negative integer or ``dtype`` is not a float dtype.
+        """
+        sizes = as_count("rows", rows), as_count("depth", depth), as_count("cols", cols)
+        return self._gemm_weight_panel(*sizes, as_float_dtype(dtype))
+
+    def _gemm_weight_panel(self, rows: int, depth: int, cols: int, dtype: np.dtype[Any]) -> int:
+        """The panel width for validated sizes (override to ask for panels; 0: none)."""
+        return 0
+
 
 #: Every public method of the contract (what wrappers forward), in definition order.
 PUBLIC_METHODS: tuple[str, ...] = tuple(

@@ -59,7 +59,7 @@ class LoweringContext:
     their name as key across plans; any other constant is keyed by its content.
     ``weight_panel(rows, depth, cols)`` is the column-panel width in which the primary
     backend wants a constant float32 ``depth x cols`` weight stored for ``rows``
-    activation rows (0: as it is; see the CPU backend's ``gemm_weight_panel``).
+    activation rows (0: as it is; see ``ComputeBackend.gemm_weight_panel``).
     """
 
     spec: Specialized

@@ -119,15 +119,8 @@ def partition(
 
 
 def weight_panel(backend: ComputeBackend) -> Callable[[int, int, int], int]:
-    """``(rows, depth, cols) -> width``: the column panels ``backend`` wants float32 weights in (0: none).
-
-    Asked through the CPU backend's documented extension ``gemm_weight_panel``; other
-    backends do not offer it and get the weights as they are.
-    """
-    ask = getattr(backend, "gemm_weight_panel", None)
-    if not callable(ask):
-        return lambda rows, depth, cols: 0
-    return lambda rows, depth, cols: int(ask(rows, depth, cols, "float32"))
+    """``(rows, depth, cols) -> width``: the column panels ``backend`` wants float32 weights in (0: none)."""
+    return lambda rows, depth, cols: int(backend.gemm_weight_panel(rows, depth, cols, dtype="float32"))
 
 
 def _runs_on(node: Node, spec: Specialized, backend: ComputeBackend, stable: frozenset[str]) -> bool:

@@ -337,6 +337,14 @@ def _lifecycle_tiles(be: ComputeBackend) -> float:
     for bad in ((-1, 4, 4), (4, None, 4), (4, 4, 2.5)):
         with expect_error(InvalidArgumentError, f"recommended_tile_for{bad}"):
             be.recommended_tile_for(*bad)
+    for rows, depth, cols in ((1, 1, 1), (128, 768, 3072), (128, 768, 96), (4096, 64, 4096), (0, 0, 0)):
+        width = be.gemm_weight_panel(rows, depth, cols)
+        if type(width) is not int or width < 0 or (width and (cols % width or width > cols)):
+            raise AssertionError(f"gemm_weight_panel({rows}, {depth}, {cols}) returned {width!r}")
+    sizes: tuple[Any, Any, Any]
+    for sizes, dtype in (((-1, 4, 4), "float32"), ((4, 4.0, 4), "float32"), ((4, 4, 4), "float33")):
+        with expect_error(InvalidArgumentError, f"gemm_weight_panel{sizes} dtype={dtype}"):
+            be.gemm_weight_panel(*sizes, dtype=dtype)
     return 0.0
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ... import validation as v
-from ...dtypes import F32, as_float_dtype
+from ...dtypes import F32
 from ...memory import Region, ceil_div
 from ...types import MixedPrecision
 from .._common import round_up
@@ -153,21 +153,14 @@ class GemmOps(CpuPlumbing):
             with single_threaded_blas():
                 run(0, p.batch_count)
 
-    def gemm_weight_panel(self, rows: int, depth: int, cols: int, dtype: str = "float32") -> int:
-        """*CPU extension.* Columns per panel in which a constant weight matrix is best stored.
-
-        A model runner multiplying ``rows`` activation rows by the same ``depth x cols``
-        weights again and again can store them once as ``cols / width`` panels of
-        ``width`` columns (each ``depth x width``, contiguous: panel ``j`` holds columns
-        ``j * width`` onwards) and call :meth:`batched_gemm` over the panels with the
-        activations shared (``stride_b = 0``), writing the row-major product panel by
-        panel (``stride_c = width``, ``ldc = cols``). This backend runs that on its
-        compiled dense-layer product, which reads the panels in place where BLAS repacks
-        the weights on every call. Returns 0 where BLAS on the matrix as it is is faster
-        (many rows, a shallow product, a width that does not divide ``cols``), for a dtype
-        that path does not take, or where the kernel cannot be compiled.
-        """
-        return weight_panel(rows, depth, cols, as_float_dtype(dtype))
+    def _gemm_weight_panel(self, rows: int, depth: int, cols: int, dtype: np.dtype[Any]) -> int:
+        """:meth:`~computehal.ComputeBackend.gemm_weight_panel`: 64-column panels for float32
+        weights with 8-256 activation rows, at least 16 deep, run on the compiled dense-layer
+        product (:mod:`._gemm_dense`), which reads the panels in place where BLAS repacks the
+        weight on every call; 0 where BLAS on the matrix as it is is faster (more rows, a
+        shallow product, a width that does not divide ``cols``) or the kernel cannot be
+        compiled."""
+        return weight_panel(rows, depth, cols, dtype)
 
     def _exec_gemm_mixed_precision(self, p: v.GemmProblem) -> None:
         fmt = p.prec
