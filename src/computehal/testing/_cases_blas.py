@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -288,6 +289,49 @@ def _pack_batches(
     return storage(flat, dtype)
 
 
+#: A flat array of stored values (in the storage dtype of the case).
+StoredFlat = npt.NDArray[Any]
+
+
+@dataclass(frozen=True)
+class _BatchedCall:
+    """The arguments of one ``batched_gemm`` call but its pointers."""
+
+    ta: str
+    tb: str
+    mnk: tuple[int, int, int]
+    alpha: float
+    beta: float
+    lds: tuple[int, int, int]
+    strides: tuple[int, int, int]
+    batch: int
+
+    def round_trip(
+        self, be: ComputeBackend, dtype: Any, a_flat: StoredFlat, b_flat: StoredFlat, c_flat: StoredFlat
+    ) -> npt.NDArray[Any] | None:
+        """Put A, B and C, run the call, return C as stored after it (None: the backend
+        refuses ``dtype``, as its capabilities say). A and B must keep their bits, and C
+        too when there is no batch."""
+        (m, n, k), (lda, ldb, ldc), (sa, sb, sc) = self.mnk, self.lds, self.strides
+        with Workspace(be) as ws:
+            pa, pb = ws.put(a_flat, label="A"), ws.put(b_flat, label="B")
+            pc = ws.put(c_flat, label="C")
+
+            def call() -> None:
+                be.batched_gemm(
+                    self.ta, self.tb, m, n, k, self.alpha, pa, lda, sa, pb, ldb, sb, self.beta, pc, ldc, sc,
+                    self.batch, dtype=dtype,
+                )  # fmt: skip
+
+            if not call_or_refuse(be, ws, "batched_gemm", dtype, call):
+                return None
+            got = ws.get(pc, c_flat.size, c_flat.dtype)
+            ws.check_unchanged(("A", "B"))
+            if self.batch == 0:
+                ws.check_unchanged()
+        return got
+
+
 def _batched_value(
     be: ComputeBackend,
     *,
@@ -325,24 +369,11 @@ def _batched_value(
     a_flat = _pack_batches(a, lda, stride_a, np.nan, batches_a, dtype)
     b_flat = _pack_batches(b, ldb, stride_b, np.nan, batch, dtype)
     c_flat = _pack_batches(c, ldc, stride_c, SENTINEL, batch, dtype)
-    with Workspace(be) as ws:
-        pa = ws.put(a_flat, label="A")
-        pb = ws.put(b_flat, label="B")
-        pc = ws.put(c_flat, label="C")
-
-        def call() -> None:
-            be.batched_gemm(
-                ta, tb, m, n, k, alpha, pa, lda, stride_a, pb, ldb, stride_b, beta, pc, ldc, stride_c, batch,
-                dtype=dtype,
-            )  # fmt: skip
-
-        if not call_or_refuse(be, ws, "batched_gemm", dtype, call):
-            return 0.0
-        got = ws.get(pc, c_flat.size, c_flat.dtype)
-        ws.check_unchanged(("A", "B"))
-        if batch == 0:
-            ws.check_unchanged()
-            return 0.0
+    strides = (stride_a, stride_b, stride_c)
+    call = _BatchedCall(ta, tb, (m, n, k), alpha, beta, (lda, ldb, ldc), strides, batch)
+    got = call.round_trip(be, dtype, a_flat, b_flat, c_flat)
+    if got is None or batch == 0:
+        return 0.0
     worst = 0.0
     for i in range(batch):
         start, end = i * stride_c, i * stride_c + ldc * n
@@ -432,21 +463,13 @@ def _panels_value(
     for i, spot in enumerate(spots):
         whole[spot], owned[spot] = c[i], True
     c_flat = storage(whole, dtype)
-    with Workspace(be) as ws:
-        pa = ws.put(_pack_batches(a, lda, stride_a, np.nan, batch, dtype), label="A")
-        pb = ws.put(_pack_batches(b, ldb, stride_b, np.nan, batches_b, dtype), label="B")
-        pc = ws.put(c_flat, label="C")
-
-        def call() -> None:
-            be.batched_gemm(
-                ta, tb, m, n, k, alpha, pa, lda, stride_a, pb, ldb, stride_b, beta, pc, ldc, stride_c, batch,
-                dtype=dtype,
-            )  # fmt: skip
-
-        if not call_or_refuse(be, ws, "batched_gemm", dtype, call):
-            return 0.0
-        got = ws.get(pc, c_flat.size, c_flat.dtype)
-        ws.check_unchanged(("A", "B"))
+    a_flat = _pack_batches(a, lda, stride_a, np.nan, batch, dtype)
+    b_flat = _pack_batches(b, ldb, stride_b, np.nan, batches_b, dtype)
+    strides = (stride_a, stride_b, stride_c)
+    call = _BatchedCall(ta, tb, (m, n, k), alpha, beta, (lda, ldb, ldc), strides, batch)
+    got = call.round_trip(be, dtype, a_flat, b_flat, c_flat)
+    if got is None:
+        return 0.0
     assert_bits_equal("batched_gemm: C outside every batch's rows", got[~owned], c_flat[~owned])
     worst = 0.0
     for i, spot in enumerate(spots):

@@ -39,6 +39,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ._llvm import TileIR
 from ._nb import jit
 
 __all__ = ["CHUNK", "PANEL", "ROWS", "batched", "product", "warm_up"]
@@ -81,46 +82,15 @@ def _tile_intrinsic(rows: int, accumulate: bool) -> Any:
 
 
 def _tile_code(context: Any, builder: Any, signature: Any, args: Any, rows: int, accumulate: bool) -> Any:
-    vec = ir.VectorType(ir.FloatType(), LANES)
-    i64, i32 = ir.IntType(64), ir.IntType(32)
-    mask_t = ir.VectorType(ir.IntType(1), LANES)
-    ptr_t = vec.as_pointer()
-
-    def data(i: int) -> Any:
-        return context.make_array(signature.args[i])(context, builder, args[i]).data
-
-    def index(i: int) -> Any:
-        return context.cast(builder, args[i], signature.args[i], types.intp)
-
-    xp = builder.gep(data(0), [index(1)])
-    x_rs, x_cs = index(2), index(3)
-    wp = builder.gep(data(4), [index(5)])
-    w_ld, depth, width = index(6), index(7), index(8)
-    yp = builder.gep(data(9), [index(10)])
-    y_ld = index(11)
-    pfp = builder.gep(data(4), [index(12)])
-    pf_ld = index(13)
-    module = builder.module
-    i8p = ir.IntType(8).as_pointer()
-    prefetch = cgutils.get_or_insert_function(
-        module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0"
-    )
-    load = cgutils.get_or_insert_function(
-        module, ir.FunctionType(vec, [ptr_t, i32, mask_t, vec]), "llvm.masked.load.v16f32.p0"
-    )
-    store = cgutils.get_or_insert_function(
-        module, ir.FunctionType(ir.VoidType(), [vec, ptr_t, i32, mask_t]), "llvm.masked.store.v16f32.p0"
-    )
-    fma = cgutils.get_or_insert_function(module, ir.FunctionType(vec, [vec, vec, vec]), "llvm.fma.v16f32")
+    t = TileIR(context, builder, signature, args)
+    vec, i64, i32, i8p = t.vec, t.i64, t.i32, ir.IntType(8).as_pointer()
+    xp, x_rs, x_cs = t.at(0, 1), t.index(2), t.index(3)
+    wp, w_ld, depth, width = t.at(4, 5), t.index(6), t.index(7), t.index(8)
+    yp, y_ld = t.at(9, 10), t.index(11)
+    pfp, pf_ld = t.at(4, 12), t.index(13)
+    load, store, fma, prefetch, zero = t.load, t.store, t.fma, t.prefetch, t.zero
+    splat, vector_at = t.splat, t.vector_at
     lanes = ir.Constant(ir.VectorType(i64, LANES), list(range(LANES)))
-    zero = ir.Constant(vec, [0.0] * LANES)
-
-    def splat(value: Any, kind: Any) -> Any:
-        one = builder.insert_element(ir.Constant(kind, ir.Undefined), value, i32(0))
-        return builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(i32, LANES), [0] * LANES))
-
-    def vector_at(base: Any, j: int) -> Any:
-        return builder.bitcast(builder.gep(base, [i64(LANES * j)]), ptr_t)
 
     masks = [
         builder.icmp_signed("<", lanes, splat(builder.sub(width, i64(LANES * j)), ir.VectorType(i64, LANES)))

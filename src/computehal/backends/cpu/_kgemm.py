@@ -44,6 +44,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ._llvm import TileIR
 from ._nb import jit
 
 __all__ = ["pack_filter", "pixel_block", "product", "product_table", "warm_up", "ROWS"]
@@ -104,45 +105,13 @@ def _tile_intrinsic(rows: int, vectors: int, accumulate: bool, table: bool = Fal
 
 def _tile_code(context: Any, builder: Any, signature: Any, args: Any, shape: tuple[Any, ...]) -> Any:
     rows, vectors, accumulate, table = shape
-    vec = ir.VectorType(ir.FloatType(), LANES)
-    i64, i32 = ir.IntType(64), ir.IntType(32)
-    mask_t = ir.VectorType(ir.IntType(1), LANES)
-    ptr_t = vec.as_pointer()
-
-    def data(i: int) -> Any:
-        return context.make_array(signature.args[i])(context, builder, args[i]).data
-
-    def index(i: int) -> Any:
-        return context.cast(builder, args[i], signature.args[i], types.intp)
-
-    fp = builder.gep(data(0), [index(1)])
-    xp = builder.gep(data(2), [index(3)])
-    offsets = data(5)
-    bp = builder.gep(data(9), [index(10)])
-    yp = builder.gep(data(11), [index(12)])
-    x_ld, depth, width, valid, y_ld = index(4), index(6), index(7), index(8), index(13)
-    module = builder.module
-    load = cgutils.get_or_insert_function(
-        module, ir.FunctionType(vec, [ptr_t, i32, mask_t, vec]), "llvm.masked.load.v16f32.p0"
-    )
-    store = cgutils.get_or_insert_function(
-        module, ir.FunctionType(ir.VoidType(), [vec, ptr_t, i32, mask_t]), "llvm.masked.store.v16f32.p0"
-    )
-    fma = cgutils.get_or_insert_function(module, ir.FunctionType(vec, [vec, vec, vec]), "llvm.fma.v16f32")
-    byte_ptr = ir.IntType(8).as_pointer()
-    prefetch = cgutils.get_or_insert_function(
-        module, ir.FunctionType(ir.VoidType(), [byte_ptr, i32, i32, i32]), "llvm.prefetch.p0"
-    )
-    zero = ir.Constant(vec, [0.0] * LANES)
-    none = ir.Constant(mask_t, [0] * LANES)
-
-    def splat(value: Any, kind: Any) -> Any:
-        one = builder.insert_element(ir.Constant(kind, ir.Undefined), value, i32(0))
-        return builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(i32, LANES), [0] * LANES))
-
-    def vector_at(base: Any, j: int) -> Any:
-        return builder.bitcast(builder.gep(base, [i64(LANES * j)]), ptr_t)
-
+    t = TileIR(context, builder, signature, args)
+    vec, i64, i32, byte_ptr = t.vec, t.i64, t.i32, ir.IntType(8).as_pointer()
+    fp, xp, offsets, bp, yp = t.at(0, 1), t.at(2, 3), t.data(5), t.at(9, 10), t.at(11, 12)
+    x_ld, depth, width, valid, y_ld = t.index(4), t.index(6), t.index(7), t.index(8), t.index(13)
+    load, store, fma, prefetch, zero = t.load, t.store, t.fma, t.prefetch, t.zero
+    splat, vector_at = t.splat, t.vector_at
+    none = ir.Constant(t.mask_t, [0] * LANES)
     masks = _lane_masks(builder, width, vectors)
     # Channels past ``valid`` are computed (their packed weights are zero) but never stored.
     row_masks = [
@@ -174,7 +143,7 @@ def _tile_code(context: Any, builder: Any, signature: Any, args: Any, shape: tup
             for j in range(vectors):
                 builder.store(builder.call(fma, [weight, xv[j], builder.load(accs[i][j])]), accs[i][j])
     if table:
-        _compressed_stores(builder, (yp, y_ld, valid, data(14)), accs, vectors)
+        _compressed_stores(t, (yp, y_ld, valid, t.data(14)), accs, vectors)
         return context.get_dummy_value()
     for i in range(rows):
         out = builder.gep(yp, [builder.mul(y_ld, i64(i))])
@@ -196,23 +165,16 @@ def _lane_masks(builder: Any, width: Any, vectors: int) -> list[Any]:
     return masks
 
 
-def _compressed_stores(builder: Any, where: tuple[Any, ...], accs: Any, vectors: int) -> None:
+def _compressed_stores(t: TileIR, where: tuple[Any, ...], accs: Any, vectors: int) -> None:
     """Store each accumulator's lanes set in its 16-bit mask to consecutive floats (vcompressps)."""
     yp, y_ld, valid, st = where
-    vec = ir.VectorType(ir.FloatType(), LANES)
-    i64 = ir.IntType(64)
-    mask_t = ir.VectorType(ir.IntType(1), LANES)
+    builder, vec, i64, mask_t, store = t.builder, t.vec, t.i64, t.mask_t, t.store
     fnty = ir.FunctionType(ir.VoidType(), [vec, ir.FloatType().as_pointer(), mask_t])
     compress = cgutils.get_or_insert_function(builder.module, fnty, "llvm.masked.compressstore.v16f32")
     none = ir.Constant(mask_t, [0] * LANES)
     starts = [builder.load(builder.gep(st, [i64(j)])) for j in range(vectors)]
     bits = [builder.load(builder.gep(st, [i64(vectors + j)])) for j in range(vectors)]
     masks = [builder.bitcast(builder.trunc(b, ir.IntType(LANES)), mask_t) for b in bits]
-    store = cgutils.get_or_insert_function(
-        builder.module,
-        ir.FunctionType(ir.VoidType(), [vec, vec.as_pointer(), ir.IntType(32), mask_t]),
-        "llvm.masked.store.v16f32.p0",
-    )
     # A vector with every lane kept is one run of output: a plain (masked) store, which
     # costs a fraction of a compressing one.
     full = [builder.icmp_signed("==", b, i64((1 << LANES) - 1)) for b in bits]
@@ -226,7 +188,7 @@ def _compressed_stores(builder: Any, where: tuple[Any, ...], accs: Any, vectors:
                 with whole:
                     builder.call(
                         store,
-                        [builder.load(acc), builder.bitcast(at, vec.as_pointer()), ir.IntType(32)(4), mask],
+                        [builder.load(acc), builder.bitcast(at, t.ptr_t), t.i32(4), mask],
                     )
                 with part:
                     builder.call(compress, [builder.load(acc), at, mask])
