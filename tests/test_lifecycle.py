@@ -64,7 +64,7 @@ OPERATIONS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     "borrow": ((P, 64, None), {}),
 }
 #: Extension methods that answer before init (they only describe the backend).
-DESCRIPTIVE = {"host_view", "dlpack_device"}
+DESCRIPTIVE = {"host_view", "dlpack_device", "gemm_weight_panel"}
 
 
 def test_operation_table_covers_the_interface() -> None:
@@ -433,3 +433,14 @@ def test_free_is_atomic_across_threads(backend: ComputeBackend) -> None:
     for t in threads:
         t.join()
     assert sorted(outcomes) == ["ok"] + ["refused"] * 5
+
+
+def test_gemm_weight_panel_answers_before_init(backend_factory: Callable[[], ComputeBackend]) -> None:
+    """A layout hint describes the backend: it answers (validated) without a device context."""
+    be = backend_factory()
+    assert not be.is_initialized()
+    width = be.gemm_weight_panel(128, 768, 3072)
+    assert type(width) is int and width >= 0 and (width == 0 or 3072 % width == 0)
+    with pytest.raises(InvalidArgumentError):
+        be.gemm_weight_panel(-1, 768, 3072)
+    assert not be.is_initialized()
