@@ -49,6 +49,7 @@ from numba import types
 from numba.core import cgutils, config
 from numba.extending import intrinsic
 
+from ._llvm import splat
 from ._nb import jit, wide_vectors
 
 __all__ = ["GROUP", "LANES", "lrn_pieces", "warm_up"]
@@ -70,11 +71,6 @@ _AVX512 = (
     and config.CPU_FEATURES is None
     and bool(get_host_cpu_features().get("avx512f", False))
 )
-
-
-def _splat(builder: Any, value: Any, vec: Any) -> Any:
-    one = builder.insert_element(ir.Constant(vec, ir.Undefined), value, ir.IntType(32)(0))
-    return builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES))
 
 
 def _const(vec: Any, value: float) -> Any:
@@ -137,11 +133,11 @@ class _Lanes:
         self.at, self.stride, self.c0, self.count, self.channels, self.below, self.above = (
             context.cast(builder, args[i], signature.args[i], types.int64) for i in range(2, 9)
         )
-        self.coeff, self.offset = _splat(builder, args[9], self.vec), _splat(builder, args[10], self.vec)
+        self.coeff, self.offset = splat(builder, args[9], self.vec), splat(builder, args[10], self.vec)
         fabs = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(ir.FloatType(), [ir.FloatType()]), "llvm.fabs.f32"
         )
-        self.scale = _splat(builder, builder.call(fabs, [args[9]]), self.vec)
+        self.scale = splat(builder, builder.call(fabs, [args[9]]), self.vec)
         # The running sum, its largest value, the smallest and largest t.
         self.total, self.top, self.t_min, self.t_max = (
             cgutils.alloca_once(builder, self.vec) for _ in range(4)

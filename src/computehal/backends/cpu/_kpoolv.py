@@ -25,10 +25,9 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["LANES", "fold_rows", "fold_stride2", "means16_f32", "sum_f32"]
+from ._llvm import LANES, first_lanes, masked_load, splat
 
-#: Outputs per call.
-LANES = 16
+__all__ = ["LANES", "fold_rows", "fold_stride2", "means16_f32", "sum_f32"]
 
 
 def _vectors(context: Any, builder: Any, signature: Any, args: Any) -> tuple[Any, ...]:
@@ -65,10 +64,7 @@ def _fold_codegen(taps: int, is_max: bool) -> Any:
             counts = context.make_array(signature.args[4])(context, builder, args[4]).data
             j = context.cast(builder, args[5], signature.args[5], types.int64)
             cc = builder.load(builder.bitcast(builder.gep(counts, [j]), vec.as_pointer()), align=4)
-            one = builder.insert_element(ir.Constant(vec, ir.Undefined), args[6], ir.IntType(32)(0))
-            mask = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
-            scale = builder.shuffle_vector(one, one, mask)
-            value = builder.fdiv(value, builder.fmul(cc, scale))
+            value = builder.fdiv(value, builder.fmul(cc, splat(builder, args[6], vec)))
         builder.store(value, builder.bitcast(builder.gep(out, [d]), vec.as_pointer()), align=4)
         return context.get_dummy_value()
 
@@ -119,9 +115,7 @@ def _rows_codegen(rows: int, is_max: bool) -> Any:
             v = builder.load(builder.bitcast(builder.gep(xf, [at]), vec.as_pointer()), align=4)
             if is_max:  # v if v > value else value, from -inf: a NaN never becomes the value
                 if value is None:
-                    one = builder.insert_element(ir.Constant(vec, ir.Undefined), args[5], ir.IntType(32)(0))
-                    mask = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
-                    value = builder.shuffle_vector(one, one, mask)
+                    value = splat(builder, args[5], vec)
                 value = builder.select(builder.fcmp_ordered(">", v, value), v, value)
             else:
                 value = v if value is None else builder.fadd(value, v)
@@ -154,46 +148,11 @@ def fold_rows(
     return sig, _rows_codegen(rows.literal_value, is_max.literal_value)
 
 
-def _masked_load(builder: Any) -> Any:
-    """LLVM's masked load of 16 float32 (lanes whose mask is off are not read)."""
-    f32, i32 = ir.FloatType(), ir.IntType(32)
-    vec, mask_t = ir.VectorType(f32, LANES), ir.VectorType(ir.IntType(1), LANES)
-    kind = ir.FunctionType(vec, [vec.as_pointer(), i32, mask_t, vec])
-    return cgutils.get_or_insert_function(builder.module, kind, "llvm.masked.load.v16f32.p0")
-
-
-def _first_lanes(builder: Any, count: Any) -> Any:
-    """The mask of the first ``count`` (an int64 in 0..16) of 16 lanes."""
-    i32, i64 = ir.IntType(32), ir.IntType(64)
-    one = builder.insert_element(ir.Constant(ir.VectorType(i64, LANES), ir.Undefined), count, i32(0))
-    spread = builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(i32, LANES), [0] * LANES))
-    return builder.icmp_signed("<", ir.Constant(ir.VectorType(i64, LANES), list(range(LANES))), spread)
-
-
-def _partials(builder: Any, first: Any, count: Any) -> Any:
-    """16 partial sums of the ``count`` float32 values at pointer ``first`` (a vector)."""
-    i32, i64 = ir.IntType(32), ir.IntType(64)
-    vec = ir.VectorType(ir.FloatType(), LANES)
-    zero = ir.Constant(vec, [0.0] * LANES)
-    acc = cgutils.alloca_once_value(builder, zero)
-    whole = builder.udiv(count, i64(LANES))
-    with cgutils.for_range(builder, whole) as loop:
-        at = builder.gep(first, [builder.mul(loop.index, i64(LANES))])
-        v = builder.load(builder.bitcast(at, vec.as_pointer()), align=4)
-        builder.store(builder.fadd(builder.load(acc), v), acc)
-    # The rest (0-15 values) through a masked load: the lanes past the row are not read.
-    done = builder.mul(whole, i64(LANES))
-    mask = _first_lanes(builder, builder.sub(count, done))
-    where = builder.bitcast(builder.gep(first, [done]), vec.as_pointer())
-    tail = builder.call(_masked_load(builder), [where, i32(4), mask, zero])
-    return builder.fadd(builder.load(acc), tail)
-
-
 def _sum_codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
     i32 = ir.IntType(32)
     xf = context.make_array(signature.args[0])(context, builder, args[0]).data
     start, count = (context.cast(builder, args[i], signature.args[i], types.int64) for i in (1, 2))
-    value = _partials(builder, builder.gep(xf, [start]), count)
+    value = _row_partials(builder, [builder.gep(xf, [start])], count)[0]
     width = LANES
     while width > 1:  # pairwise halving: lane i += lane i + width / 2
         width //= 2
@@ -217,7 +176,12 @@ def sum_f32(typingctx: Any, xf: Any, start: Any, count: Any) -> Any:
 
 
 def _row_partials(builder: Any, firsts: list[Any], cols: Any) -> list[Any]:
-    """:func:`_partials` of 16 rows of ``cols`` values at once: 16 independent sums, no chain."""
+    """16 partial sums (a vector) of the ``cols`` float32 values at each pointer of ``firsts``.
+
+    Lane ``i`` of a row's vector adds the row's values ``i``, ``i + 16``, ... in order,
+    the last 0-15 of them through one masked load (no lane past the row is read); the
+    rows' sums are independent, so several rows have no dependency chain between them.
+    """
     i32, i64 = ir.IntType(32), ir.IntType(64)
     vec = ir.VectorType(ir.FloatType(), LANES)
     zero = ir.Constant(vec, [0.0] * LANES)
@@ -229,7 +193,7 @@ def _row_partials(builder: Any, firsts: list[Any], cols: Any) -> list[Any]:
             v = builder.load(builder.bitcast(builder.gep(first, [step]), vec.as_pointer()), align=4)
             builder.store(builder.fadd(builder.load(acc), v), acc)
     done = builder.mul(whole, i64(LANES))
-    mask, load = _first_lanes(builder, builder.sub(cols, done)), _masked_load(builder)
+    mask, load = first_lanes(builder, builder.sub(cols, done)), masked_load(builder)
     sums = []
     for first, acc in zip(firsts, accs, strict=True):  # the rest of each row (0-15 values)
         where = builder.bitcast(builder.gep(first, [done]), vec.as_pointer())
@@ -264,18 +228,14 @@ def _transpose_add(builder: Any, rows: list[Any]) -> Any:
 
 
 def _means16_codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-    f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+    f32, i64 = ir.FloatType(), ir.IntType(64)
     vec = ir.VectorType(f32, LANES)
     xf = context.make_array(signature.args[0])(context, builder, args[0]).data
     out = context.make_array(signature.args[3])(context, builder, args[3]).data
     start, cols, at = (context.cast(builder, args[i], signature.args[i], types.int64) for i in (1, 2, 4))
     firsts = [builder.gep(xf, [builder.add(start, builder.mul(i64(r), cols))]) for r in range(LANES)]
     sums = _transpose_add(builder, _row_partials(builder, firsts, cols))
-    divisor = builder.shuffle_vector(
-        builder.insert_element(ir.Constant(vec, ir.Undefined), builder.sitofp(cols, f32), i32(0)),
-        ir.Constant(vec, ir.Undefined),
-        ir.Constant(ir.VectorType(i32, LANES), [0] * LANES),
-    )
+    divisor = splat(builder, builder.sitofp(cols, f32), vec)
     where = builder.bitcast(builder.gep(out, [at]), vec.as_pointer())
     builder.store(builder.fdiv(sums, divisor), where, align=4)
     return context.get_dummy_value()

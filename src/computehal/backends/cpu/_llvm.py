@@ -19,10 +19,30 @@ from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 
-__all__ = ["LANES", "TileIR"]
+__all__ = ["LANES", "TileIR", "first_lanes", "masked_load", "splat"]
 
 #: float32 lanes per vector (one AVX-512 register).
 LANES = 16
+
+
+def splat(builder: Any, value: Any, vec: Any) -> Any:
+    """A vector of type ``vec`` (16 lanes) with the scalar ``value`` in every lane."""
+    one = builder.insert_element(ir.Constant(vec, ir.Undefined), value, ir.IntType(32)(0))
+    return builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES))
+
+
+def masked_load(builder: Any) -> Any:
+    """``llvm.masked.load`` of 16 float32: lanes whose mask is off are not read."""
+    vec, i32 = ir.VectorType(ir.FloatType(), LANES), ir.IntType(32)
+    kind = ir.FunctionType(vec, [vec.as_pointer(), i32, ir.VectorType(ir.IntType(1), LANES), vec])
+    return cgutils.get_or_insert_function(builder.module, kind, "llvm.masked.load.v16f32.p0")
+
+
+def first_lanes(builder: Any, count: Any) -> Any:
+    """The mask of the first ``count`` (an int64 in 0..16) of 16 lanes."""
+    i64 = ir.IntType(64)
+    spread = splat(builder, count, ir.VectorType(i64, LANES))
+    return builder.icmp_signed("<", ir.Constant(ir.VectorType(i64, LANES), list(range(LANES))), spread)
 
 
 class TileIR:
@@ -46,9 +66,7 @@ class TileIR:
         self.mask_t = ir.VectorType(ir.IntType(1), LANES)
         self.ptr_t = self.vec.as_pointer()
         module, vec, ptr_t, i32, mask_t = builder.module, self.vec, self.ptr_t, self.i32, self.mask_t
-        self.load = cgutils.get_or_insert_function(
-            module, ir.FunctionType(vec, [ptr_t, i32, mask_t, vec]), "llvm.masked.load.v16f32.p0"
-        )
+        self.load = masked_load(builder)
         self.store = cgutils.get_or_insert_function(
             module, ir.FunctionType(ir.VoidType(), [vec, ptr_t, i32, mask_t]), "llvm.masked.store.v16f32.p0"
         )
@@ -76,8 +94,7 @@ class TileIR:
 
     def splat(self, value: Any, kind: Any) -> Any:
         """A vector of type ``kind`` (16 lanes) with ``value`` in every lane."""
-        one = self.builder.insert_element(ir.Constant(kind, ir.Undefined), value, self.i32(0))
-        return self.builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(self.i32, LANES), [0] * LANES))
+        return splat(self.builder, value, kind)
 
     def vector_at(self, base: Any, j: int) -> Any:
         """A vector pointer to the ``j``-th run of 16 floats from float pointer ``base``."""
