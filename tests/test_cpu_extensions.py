@@ -27,11 +27,9 @@ RNG = np.random.default_rng(1234)
 
 
 @pytest.fixture(scope="module")
-def be() -> Iterator[CpuBackend]:
-    backend = CpuBackend()
-    backend.init()
-    yield backend
-    backend.close()
+def be(cpu_backend: CpuBackend) -> CpuBackend:
+    """The module's CPU backend (conftest's ``cpu_backend``) under this module's short name."""
+    return cpu_backend
 
 
 def put(be: CpuBackend, array: npt.ArrayLike) -> int:
