@@ -20,7 +20,16 @@ from test_cpu_perf import F32, _backend_conv, _data, _forward64, _within_kit_tol
 
 @pytest.mark.parametrize(
     "rows, depth, width, block, chunk",
-    [(9, 3, 37, 32, 3), (16, 64, 100, 64, 64), (7, 1, 5, 32, 1), (24, 20, 64, 32, 8), (17, 150, 70, 64, 64)],
+    [
+        (9, 3, 37, 32, 3),
+        (16, 64, 100, 64, 64),
+        (7, 1, 5, 32, 1),
+        (24, 20, 64, 32, 8),
+        (17, 150, 70, 64, 64),
+        (8, 64, 49, 576, 64),
+        (12, 70, 196, 576, 32),
+        (5, 4, 20, 48, 4),
+    ],
 )
 def test_compiled_product_matches_float64_and_stays_inside(
     rows: int, depth: int, width: int, block: int, chunk: int
