@@ -241,10 +241,30 @@ def _tanh(x: float) -> float:
     return _as_float(_as_int(res) ^ (_as_int(x) & _SIGN_BIT))
 
 
+_NEG_BIAS_BITS = _I(0x4B400000 - 191)  # bits of _ROUND, less the exponent bias and 64
+_TWO_M64 = _F(2.0**-64)
+
+
+@_jit
+def _exp_le0(x: float) -> float:
+    """exp(x) for x <= 0 or NaN by the shorter polynomial ``_Q`` (relative error 2**-28.3).
+
+    ``2**n`` (n from -150 to 0) is applied as ``2**(n + 64)``, exact, times ``2**-64``,
+    which rounds subnormal results once: four operations where ``_exp`` spends eight on
+    its two factors (and it has no overflow clamp).
+    """
+    xc = _EXP_LO if x < _EXP_LO else x
+    t = xc * _LOG2E + _ROUND
+    nf = t - _ROUND
+    r = xc - nf * _LN2_HI
+    r = r - nf * _LN2_LO
+    return _exp_short(r) * _as_float(_ishl(_isub(_as_int(t), _NEG_BIAS_BITS), 23)) * _TWO_M64
+
+
 @_jit
 def _sigmoid(x: float) -> float:
     # e = exp(-|x|) never overflows; sigmoid(x) = 1 / (1 + e) for x >= 0, e / (1 + e) below.
-    e = _exp(-abs(x))
+    e = _exp_le0(-abs(x))
     num = e if x < _ZERO else _ONE
     return num / (_ONE + e)
 
