@@ -237,8 +237,8 @@ def test_im2col_forward_matches_direct_definition(shape: tuple[Any, ...], dtype:
 
 @pytest.mark.parametrize(
     "size",
-    [(3, 19, 10, 17, 22), (1, 7, 200, 6, 5), (8, 130, 9, 33, 33)],
-    ids=["images", "channel-split", "deep-wide"],
+    [(3, 19, 10, 17, 22), (1, 7, 200, 6, 5), (8, 130, 9, 33, 33), (1, 70, 203, 12, 13)],
+    ids=["images", "channel-split", "deep-wide", "deep-channel-split"],
 )
 @pytest.mark.parametrize("stride", [1, 2, 3])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -262,8 +262,10 @@ def test_pointwise_convolutions_match_direct_definition(
     f2 = f.reshape(k, c).astype(np.float64)
     eps = float(np.finfo(dtype).eps)
 
-    y = np.full((n, k, oh, ow), np.nan, dtype=dtype)
+    space = np.full(n * k * oh * ow + 64, np.nan, dtype=dtype)
+    y = space[: n * k * oh * ow].reshape(n, k, oh, ow)
     pointwise_forward(x, f, bias, y, stride, stride)
+    assert np.isnan(space[n * k * oh * ow :]).all()
     want = np.einsum("kc,nchw->nkhw", f2, sub) + bias[None, :, None, None]
     mag = np.einsum("kc,nchw->nkhw", np.abs(f2), np.abs(sub)) + np.abs(bias)[None, :, None, None]
     assert np.all(np.abs(y - want) <= 2 * (c + 3) * eps * mag)
