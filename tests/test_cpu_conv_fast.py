@@ -230,3 +230,106 @@ def test_backend_stem_shape_matches_definition(cpu_backend: CpuBackend, poison: 
     assert np.array_equal(np.isinf(got), np.isinf(want)) and not np.isnan(got).any()
     finite = np.isfinite(want)
     _within_kit_tolerance(got[finite], want[finite], mag[finite], 3 * 49)
+
+
+@pytest.mark.parametrize("tile", [4, 2])
+@pytest.mark.parametrize(
+    "shape, block",
+    [
+        ((1, 24, 40, 14, 14, (1, 1, 1, 1)), 16),  # blocks of 16 output channels, the last one partial
+        ((2, 17, 23, 9, 11, (0, 0, 0, 0)), 32),  # one block narrower than asked; several images
+        ((1, 33, 48, 10, 7, (2, 0, 1, 2)), 21),  # a block rounded down to 16 channels; asymmetric padding
+    ],
+    ids=str,
+)
+def test_streamed_winograd_within_kit_tolerance(shape: tuple[Any, ...], block: int, tile: int) -> None:
+    """The filter transformed per block of output channels: every output written, within the kit's bound."""
+    from computehal.backends.cpu._conv_winograd import winograd_streamed
+
+    x, f, _ = _data(shape, 21)
+    pads = shape[5]
+    for bias in (np.random.default_rng(22).standard_normal(f.shape[0]).astype(F32), None):
+        b64 = np.zeros(f.shape[0]) if bias is None else bias.astype(np.float64)
+        want = _forward64(x, f, pads) + b64[None, :, None, None]
+        mag = _forward64(np.abs(x), np.abs(f), pads) + np.abs(b64)[None, :, None, None]
+        y = np.full(want.shape, np.nan, dtype=F32)
+        assert winograd_streamed(x, f, bias, y, pads[0], pads[1], tile, block)
+        _within_kit_tolerance(y, want, mag, x.shape[1] * 9)
+
+
+@pytest.mark.parametrize("where", ["input", "filter"])
+@pytest.mark.parametrize("value", [np.inf, np.nan])
+def test_streamed_winograd_declines_non_finite_operands(where: str, value: float) -> None:
+    from computehal.backends.cpu._conv_winograd import winograd_streamed
+
+    x, f, _ = _data((1, 16, 40, 9, 9, (1, 1, 1, 1)), 23)
+    (x if where == "input" else f)[0 if where == "input" else 37, 3, 2, 2] = value
+    y = np.empty((1, 40, 9, 9), dtype=F32)
+    assert not winograd_streamed(x, f, None, y, 1, 1, 4, 16)
+    assert not winograd_streamed(x, f, None, y, 1, 1, 2, 16)
+
+
+def test_backend_streamed_winograd_selection_and_nan_semantics(
+    cpu_backend: CpuBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One image, many channels: the streamed schedule, exact where finite, inf and NaN as defined."""
+    from computehal import validation as v
+    from computehal.backends.cpu import _conv_select as select
+    from computehal.memory import Region
+
+    region = Region(None, 0, 0)  # type: ignore[arg-type]
+
+    def probe(n: int, c: int, size: int) -> Any:
+        dims = (n, c, size, size, c, 3, 3, size, size, 1, 1, 1, 1)
+        return v.ConvForwardProblem(*dims, region, region, region, np.dtype(F32), pb=1, pr=1)
+
+    # ResNet-50 at batch 1: 128 channels at 28x28 by F(4x4, 3x3); not at batch 8, nor
+    # where the transformed filter is small (64 channels at 56x56), nor by F(2x2, 3x3).
+    assert select.streamed_winograd_tile(probe(1, 128, 28)) == 4
+    assert select.streamed_winograd_tile(probe(1, 256, 14)) == 0
+    assert select.streamed_winograd_tile(probe(8, 128, 28)) == 0
+    assert select.streamed_winograd_tile(probe(1, 64, 56)) == 0
+    monkeypatch.setattr(select, "STREAMED_MIN_FILTER_BYTES", 0)
+    assert select.streamed_winograd_tile(probe(1, 32, 28)) == 4
+    x, f, _ = _data((1, 32, 32, 28, 28, (1, 1, 1, 1)), 24)
+    want = _forward64(x, f, (1, 1, 1, 1))
+    mag = _forward64(np.abs(x), np.abs(f), (1, 1, 1, 1))
+    _within_kit_tolerance(_backend_conv(cpu_backend, x, f, [1, 1, 1, 1]), want, mag, 32 * 9)
+    for operand in ("input", "filter"):
+        xs, fs = x.copy(), f.copy()
+        if operand == "input":
+            xs[0, 5, 3, 9] = np.inf
+        else:
+            fs[7, 2, 1, 1] = np.nan  # the centre tap: every output reads it
+        got = _backend_conv(cpu_backend, xs, fs, [1, 1, 1, 1])
+        with np.errstate(invalid="ignore"):
+            want = _forward64(xs, fs, (1, 1, 1, 1))
+        assert np.array_equal(np.isnan(got), np.isnan(want)) and np.array_equal(np.isinf(got), np.isinf(want))
+        finite = np.isfinite(want)
+        tol = 2 * (32 * 9 + 2) * float(np.finfo(F32).eps) * mag[finite] + 1e-30
+        assert np.all(np.abs(got[finite] - want[finite]) <= tol)
+
+
+@pytest.mark.parametrize("tile", [4, 2])
+def test_cached_winograd_compared_beside_input_transform(tile: int) -> None:
+    """A stored transform run by position, its filter compared in chunks beside the input transform."""
+    from computehal.backends.cpu import _winograd_cache
+
+    _winograd_cache.clear()
+    x, f, _ = _data((1, 48, 160, 14, 14, (1, 1, 1, 1)), 25)  # 36 C K above the fused schedule's limit
+    bias = np.random.default_rng(26).standard_normal(160).astype(F32)
+    rng = np.random.default_rng(27)
+    for step in range(8):
+        if step == 3:
+            f[...] = rng.standard_normal(f.shape).astype(F32)  # same address, other bytes
+        if step == 5:
+            f[159, 47, 2, 2] += 1.0  # after step 4 stored the new bytes: only the last chunk differs
+        y = np.full((1, 160, 14, 14), np.nan, dtype=F32)
+        assert winograd_forward(x, f, bias, y, 1, 1, tile)
+        assert (_winograd_cache.candidate(f, tile) is not None) == (step > 0)  # stored from step 1 on
+        want = _forward64(x, f, (1, 1, 1, 1)) + bias[None, :, None, None]
+        mag = _forward64(np.abs(x), np.abs(f), (1, 1, 1, 1)) + np.abs(bias)[None, :, None, None]
+        _within_kit_tolerance(y, want, mag, 48 * 9)
+    x[0, 1, 2, 3] = np.nan
+    assert not winograd_forward(x, f, bias, y, 1, 1, tile)
+    _winograd_cache.clear()

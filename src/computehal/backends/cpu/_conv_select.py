@@ -54,6 +54,19 @@ with ``computehal bench`` (ratios in the module docstrings of each algorithm):
   1, F(2x2, 3x3) (1.9-2.8 ms vs 2.5-3.4); the shapes Winograd already took skip their
   filter transform too (256 channels at 14x14, batch 8, F(4x4, 3x3): 10.0-13.1 ms vs
   11.8-15.9 through the backend).
+* One image with many channels at F(4x4, 3x3) (ResNet's 128 channels at 28x28, batch 1):
+  the streamed schedule (:func:`streamed_winograd_tile`), the filter transformed per
+  block of 64 output channels on every call and nothing cached: its ``U`` (2.4 MB,
+  four times the filter) no longer streams from memory and the filter is no longer
+  compared with a copy. ResNet-50 at batch 1 through the ONNX runner, per call,
+  interleaved on a loaded machine: median 1.21-1.54 ms vs 1.52-1.82 cached (10th
+  percentile 1.00-1.29 vs 1.19-1.49; CPU time of both threads 1.71-1.96 vs
+  1.83-2.16); alone, best of 15: 0.80 vs 0.94 ms. F(2x2, 3x3) streamed (256 channels
+  at 14x14) measured slower (2.19 vs 1.93 ms, CPU time 3.56 vs 2.71: its transform and
+  rearrangement are a quarter of the work, against a fifth for F(4x4, 3x3)), and so
+  did running its cached ``U`` by output-channel blocks (CPU time 3.1-3.2 ms: every
+  block's GEMMs pack ``V`` again); it stays cached and by position, with the filter
+  comparison pulled beside the input transform (0.2 ms of serial ``memcmp`` before).
 * im2col multiplies padding zeros by the filter, so a filter holding inf or NaN must go
   to the exact algorithm; that is checked on whichever is smaller, the filter before or
   the output after (:func:`_im2col_checked`). Scanning the 9.4 MB filter of ResNet's
@@ -89,7 +102,12 @@ import numpy as np
 from ... import validation as v
 from ._conv_direct import direct_applies, direct_forward
 from ._conv_gemm import im2col_forward, pointwise_backward_data, pointwise_backward_filter, pointwise_forward
-from ._conv_winograd import winograd_backward_data, winograd_backward_filter, winograd_forward
+from ._conv_winograd import (
+    winograd_backward_data,
+    winograd_backward_filter,
+    winograd_forward,
+    winograd_streamed,
+)
 from ._plumbing import FloatArray
 from ._runtime import kernels
 
@@ -98,6 +116,7 @@ __all__ = [
     "fast_backward_data",
     "fast_backward_filter",
     "cached_winograd_tile",
+    "streamed_winograd_tile",
     "forward_algorithm",
     "pointwise_applies",
     "winograd_applies",
@@ -128,6 +147,12 @@ WINOGRAD2_MIN_TILES = 256
 #: F(2x2, 3x3) 2.7 ms vs 3.3; 512 channels at 7x7, batch 1: im2col 3.1 ms, F(2x2) 6.4).
 CACHED_MIN_TILES4 = 32
 CACHED_MIN_TILES2 = 48
+#: Most 4x4 tiles of the streamed schedule (one image): see :func:`streamed_winograd_tile`.
+STREAMED_MAX_TILES = 64
+#: Smallest transformed filter (bytes) that the streamed schedule takes instead of a cached one.
+STREAMED_MIN_FILTER_BYTES = 1 << 21
+#: Output channels per work item of the streamed schedule.
+STREAMED_BLOCK = 64
 #: Multiply-adds below which the general paths' single call costs less than a task split.
 GEMM_MIN_MACS = 1 << 18
 
@@ -224,6 +249,20 @@ def cached_winograd_tile(p: v.ConvProblem) -> int:
     return 0
 
 
+def streamed_winograd_tile(p: v.ConvProblem) -> int:
+    """4 when F(4x4, 3x3) computes ``p`` by the streamed schedule, else 0.
+
+    One image with many channels (ResNet's 128 channels at 28x28): the filter
+    transformed per block of output channels on every call
+    (:func:`._conv_winograd.winograd_streamed`) instead of a cached ``U`` read from
+    memory and compared with the filter. F(2x2, 3x3) (256 channels at 14x14) keeps its
+    cached transform: streamed, it measured slower (see the module docstring).
+    """
+    if not winograd_applies(p) or _tiles(p, 4) > STREAMED_MAX_TILES:
+        return 0
+    return 4 if 36 * p.c * p.k * 4 >= STREAMED_MIN_FILTER_BYTES else 0
+
+
 def _tiles(p: v.ConvProblem, tile: int) -> int:
     return p.n * -(-p.oh // tile) * -(-p.ow // tile)
 
@@ -269,7 +308,11 @@ def fast_forward(
     if algorithm == "pointwise":
         pointwise_forward(x, f, bias, y, p.sh, p.sw)
         return True
-    if algorithm in ("winograd", "winograd2"):
+    streamed = algorithm == "winograd" and streamed_winograd_tile(p)
+    if streamed:
+        if winograd_streamed(x, f, bias, y, p.ph, p.pw, streamed, STREAMED_BLOCK):
+            return True
+    elif algorithm in ("winograd", "winograd2"):
         if winograd_forward(x, f, bias, y, p.ph, p.pw, 2 if algorithm == "winograd2" else 4):
             return True
     elif algorithm == "im2col" and (tile := cached_winograd_tile(p)):

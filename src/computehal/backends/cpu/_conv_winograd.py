@@ -12,6 +12,16 @@ the size of the transformed filter ``U`` (36 C K floats):
   once, then the output transform (by image rows). The fused schedule would stream the
   whole ``U`` again for every item.
 
+A third schedule, streamed (:func:`winograd_streamed`), keeps nothing between calls:
+after every tile's ``V``, each work item takes a block of output channels, transforms
+that block of the filter into its own scratch (it stays in L2), runs every position's
+GEMM for it and the block's output transform. For one image with many channels the
+cached ``U`` (36 C K floats, four times the filter) would stream from memory on every
+call and its filter be compared with a copy; :mod:`._conv_select` says where it wins.
+A cached ``U`` run by position has its filter compared in chunks pulled beside the
+input transform (no serial step of its own); a mismatch leaves ``y`` untouched and
+the transform is recomputed.
+
 Work is pulled by the worker threads, each running its GEMMs on single-threaded BLAS
 (``numpy.matmul`` over ranges of positions: NumPy's OpenBLAS build ran these shapes
 1.2-1.3x faster than SciPy's, e.g. 108-112 vs 82 GFLOP/s for 16 x (128 x 512 x 512) on
@@ -37,7 +47,7 @@ from ._plumbing import FloatArray
 from ._runtime import kernels, parallel_pull, parallel_ranges, single_threaded_blas, workers
 from ._scratch import thread_scratch
 
-__all__ = ["winograd_forward", "winograd_backward_data", "winograd_backward_filter"]
+__all__ = ["winograd_forward", "winograd_streamed", "winograd_backward_data", "winograd_backward_filter"]
 
 #: Target tiles per fused work item: V and M of an item (36 x tiles x (C + K) floats,
 #: about 4 MB for 64 channels: larger items measured faster than L2-sized ones).
@@ -157,24 +167,55 @@ def _positions(count: int, body: Callable[[int, int], object]) -> None:
 
 
 def _transform_inputs(
-    x: FloatArray, pt: int, pl: int, th: int, tw: int, v: FloatArray, tiles: int, tile: int = 4
-) -> bool:
-    """V of every tile of ``x`` (tile ``(n, th, tw)`` at row ``(n th + th) tw + tw``)."""
+    x: FloatArray,
+    geometry: tuple[int, int, int, int],
+    v: FloatArray,
+    tile: int = 4,
+    copy: FloatArray | None = None,
+    f: FloatArray | None = None,
+) -> bool | None:
+    """V of every tile of ``x`` (tile ``(n, th, tw)`` at row ``(n th + th) tw + tw``).
+
+    ``geometry``: (pt, pl, th, tw). With ``copy``: also compare filter ``f`` with the
+    bytes a cached transform was made from, in chunks pulled beside the transforms
+    (so the comparison takes no serial step of its own). False when an input value is
+    not finite; None when ``f`` no longer holds ``copy``'s bytes; else True.
+    """
+    pt, pl, th, tw = geometry
     kern = kernels(_MODULE[tile])
-    cin = x.shape[1]
+    cin, tiles = x.shape[1], x.shape[0] * th * tw
     items = _row_items(x.shape[0], th, tw)
+    pair = (copy, f) if copy is not None and f is not None else None
+    chunks = _cache.chunks(pair[1], 2 * workers()) if pair is not None else []
+    stale = [False]
 
     def body(i: int) -> bool:
+        if pair is not None and i >= len(items):
+            if not _cache.same(*pair, *chunks[i - len(items)]):
+                stale[0] = True
+            return True
         n, r0, r1 = items[i]
         work = thread_scratch("winograd", kern.input_item_scratch(r1 - r0, tw, cin))
         return not kern.input_item(x, n, r0, r1, pt, pl, tw, v, tiles, (n * th + r0) * tw, work)
 
-    return _pull(len(items), body)
+    if not _pull(len(items) + len(chunks), body):
+        return False
+    return None if stale[0] else True
 
 
 def _by_position(
-    x: FloatArray, u: FloatArray, bias: FloatArray | None, y: FloatArray, pt: int, pl: int, tile: int = 4
-) -> bool:
+    x: FloatArray,
+    u: FloatArray,
+    bias: FloatArray | None,
+    y: FloatArray,
+    geometry: tuple[int, int, int],
+    check: tuple[FloatArray, FloatArray] | None = None,
+) -> bool | None:
+    """The by-position schedule; ``geometry``: (pt, pl, tile).
+
+    ``check``: (copy, filter), compared as :func:`_transform_inputs` says (None: stale).
+    """
+    pt, pl, tile = geometry
     kern = kernels(_MODULE[tile])
     n, cin = x.shape[0], x.shape[1]
     kout, oh, ow = y.shape[1], y.shape[2], y.shape[3]
@@ -182,8 +223,9 @@ def _by_position(
     tiles, positions = n * th * tw, (tile + 2) ** 2
     v = thread_scratch("winograd-v", positions * tiles * cin)[: positions * tiles * cin]
     m = thread_scratch("winograd-m", positions * tiles * kout)[: positions * tiles * kout]
-    if not _transform_inputs(x, pt, pl, th, tw, v, tiles, tile):
-        return False
+    done = _transform_inputs(x, (pt, pl, th, tw), v, tile, *(check or (None, None)))
+    if not done:
+        return done
     vs, us = v.reshape(positions, tiles, cin), u.reshape(positions, cin, kout)
     ms = m.reshape(positions, tiles, kout)
     _positions(positions, lambda xi0, xi1: np.matmul(vs[xi0:xi1], us[xi0:xi1], out=ms[xi0:xi1]))
@@ -211,11 +253,9 @@ def _run(
     x: FloatArray, u: FloatArray, bias: FloatArray | None, y: FloatArray, pt: int, pl: int, tile: int
 ) -> bool:
     """``y`` = the convolution of ``x`` with the transformed filters ``u`` (+ bias)."""
-    if tile == 2:
-        return _by_position(x, u, bias, y, pt, pl, tile)
-    if u.size <= FUSED_FILTER_FLOATS:
+    if tile == 4 and u.size <= FUSED_FILTER_FLOATS:
         return _fused(x, u, bias, y, pt, pl)
-    return _by_position(x, u, bias, y, pt, pl)
+    return bool(_by_position(x, u, bias, y, (pt, pl, tile)))
 
 
 def winograd_forward(
@@ -236,8 +276,15 @@ def winograd_forward(
     bytes, and is stored there once ``f`` has been seen unchanged on an earlier call.
     ``cached_only``: decline (False, nothing written) unless the transform is stored or
     about to be (shapes where Winograd wins only without a transform per call).
+    A stored transform that the by-position schedule runs is compared with the filter
+    beside the input transform rather than before it (:func:`_transform_inputs`).
     """
     f = np.ascontiguousarray(f)
+    entry = _cache.candidate(f, tile)
+    if entry is not None and (tile == 2 or entry[1].size > FUSED_FILTER_FLOATS):
+        done = _by_position(x, entry[1], bias, y, (pt, pl, tile), (entry[0], f))
+        if done is not None:
+            return done
     u = _cache.lookup(f, tile)
     if u is None:
         keep = _cache.seen_before(f, tile)
@@ -252,6 +299,77 @@ def winograd_forward(
             u = u.copy()
             _cache.store(f, tile, u)
     return _run(x, u, bias, y, pt, pl, tile)
+
+
+def _filter_blocks(kout: int, block: int) -> list[tuple[int, int]]:
+    """Output-channel blocks ``(k0, k1)`` of :func:`_by_blocks`, multiples of 16 channels."""
+    block = max(16, block - block % 16)
+    return [(k0, min(kout, k0 + block)) for k0 in range(0, kout, block)]
+
+
+def _by_blocks(
+    x: FloatArray, f: FloatArray, bias: FloatArray | None, y: FloatArray, geometry: tuple[int, int, int, int]
+) -> bool:
+    """The convolution by output-channel blocks: every tile's ``V``, then per block its filter and outputs.
+
+    ``geometry``: (pt, pl, tile, block). Each work item of the second step takes a
+    block of ``block`` output channels: it rearranges and transforms that block of the
+    filter into its own scratch (a few hundred kilobytes that stay in L2), runs every
+    position's GEMM for it and transforms the block's outputs back (one parallel step
+    less than by position). False when a value is not finite (``y`` then undefined).
+    """
+    pt, pl, tile, block = geometry
+    kern = kernels(_MODULE[tile])
+    n, cin = x.shape[0], x.shape[1]
+    kout, oh, ow = y.shape[1], y.shape[2], y.shape[3]
+    th, tw = -(-oh // tile), -(-ow // tile)
+    tiles, positions = n * th * tw, (tile + 2) ** 2
+    v = thread_scratch("winograd-v", positions * tiles * cin)[: positions * tiles * cin]
+    if not _transform_inputs(x, (pt, pl, th, tw), v, tile):
+        return False
+    vs = v.reshape(positions, tiles, cin)
+    blocks = _filter_blocks(kout, block)
+    b = bias if bias is not None else np.zeros(kout, dtype=np.float32)
+    taps_last = kernels("_winograd").taps_last
+
+    def body(i: int) -> bool:
+        k0, k1 = blocks[i]
+        width = k1 - k0
+        ft = thread_scratch("winograd-ft", 9 * cin * width)[: 9 * cin * width].reshape(cin, 3, 3, width)
+        taps_last(f[k0:k1], ft, False)
+        u = thread_scratch("winograd-u", positions * cin * width)[: positions * cin * width]
+        if not kern.filter_transform(ft, u, 0, cin, thread_scratch("winograd-g", 18 * width)):
+            return False
+        m = thread_scratch("winograd-mb", positions * tiles * width)[: positions * tiles * width]
+        np.matmul(vs, u.reshape(positions, cin, width), out=m.reshape(positions, tiles, width))
+        work = thread_scratch("winograd", kern.output_item_scratch(th, tw, width))
+        for image in range(n):
+            out = y[image : image + 1, k0:k1]
+            kern.output_item(m, out, 0, 0, th, tw, tiles, image * th * tw, b[k0:k1], bias is not None, work)
+        return True
+
+    return _pull(len(blocks), body)
+
+
+def winograd_streamed(
+    x: FloatArray,
+    f: FloatArray,
+    bias: FloatArray | None,
+    y: FloatArray,
+    pt: int,
+    pl: int,
+    tile: int,
+    block: int,
+) -> bool:
+    """:func:`winograd_forward` with the filter transformed per block of ``block`` output channels.
+
+    Nothing is kept between calls (:func:`_by_blocks`): where a cached
+    ``U`` (up to 4x the filter) would be read from memory and the filter compared with
+    its copy (twice the filter read again) on every call, for one image with many
+    channels that traffic can cost more than the transform (see :mod:`._conv_select`).
+    False (``y`` undefined) when a value is not finite.
+    """
+    return _by_blocks(x, np.ascontiguousarray(f), bias, y, (pt, pl, tile, block))
 
 
 def winograd_backward_data(
@@ -327,7 +445,7 @@ def _filter_by_position(x: FloatArray, gy: FloatArray, pt: int, pl: int) -> Floa
     tiles = n * th * tw
     v = thread_scratch("winograd-v", 36 * tiles * cin)[: 36 * tiles * cin]
     mg = thread_scratch("winograd-m", 36 * tiles * kout)[: 36 * tiles * kout]
-    if not _transform_inputs(x, pt, pl, th, tw, v, tiles):
+    if not _transform_inputs(x, (pt, pl, th, tw), v):
         return None
     items = _row_items(n, th, tw)
 
