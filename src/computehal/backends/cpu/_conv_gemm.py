@@ -10,16 +10,20 @@
   (:mod:`._kgemm`) as a whole (:func:`_pointwise_compiled`): the filter packed once per
   call (by the tasks themselves where one image is split by output channels), operands
   handed over as flat arrays and offsets (building three strided views per task had
-  cost 13-15 us of a 100-300 us batch-1 task), and one image split into
-  :data:`KERNEL_TASKS_PER_THREAD` channel blocks per thread (the kernel's rate does not
-  drop with fewer channels per task, BLAS's does: 512 -> 128 at 28x28 split 8 ways ran
-  at 78 GFLOP/s in BLAS, 113 in the kernel). ResNet-50's stride-1 1x1 layers at batch 1,
-  two workers, wall time, this path against the previous per-task choice interleaved in
-  one process (medians of 30, busy machine): 64 -> 64 at 56x56 0.79 of the time,
-  64 -> 256 0.88, 256 -> 64 0.77, 128 -> 512 at 28x28 0.83, 512 -> 128 0.77, 256 -> 1024
-  at 14x14 0.90, 1024 -> 256 0.87. At 7x7 (49 pixels, 77 % of the kernel's lanes used)
-  and for strided layers (whose tasks gather their rows: finer tasks would gather them
-  twice) BLAS stays faster (one core: 512 -> 2048 at 7x7 88 vs 73 GFLOP/s).
+  cost 13-15 us of a 100-300 us batch-1 task), and one image split into channel blocks
+  on filter panel bounds (the kernel's rate does not drop with fewer channels per task,
+  BLAS's does: 512 -> 128 at 28x28 split 8 ways ran at 78 GFLOP/s in BLAS, 113 in the
+  kernel). ResNet-50's stride-1 1x1 layers at batch 1, two workers, wall time, this path
+  against the previous per-task choice interleaved in one process (medians of 30):
+  64 -> 64 at 56x56 0.78 of the time, 64 -> 256 0.87, 256 -> 64 0.82, 128 -> 512 at
+  28x28 0.81, 512 -> 128 0.81, 256 -> 1024 at 14x14 0.95, 1024 -> 256 0.87 (on a quiet
+  minute 256 -> 1024 took 0.51 ms, 200 GFLOP/s). At 7x7 (49 pixels, 77 % of the
+  kernel's lanes used) BLAS stays faster (one core: 512 -> 2048 88 vs 73 GFLOP/s).
+* A strided 1x1 layer on one image is gathered once into scratch and then multiplied as
+  a stride-1 one: its tasks split the output channels and each had gathered the same
+  pixels (ResNet-50's projections at batch 1, two workers: 0.95-0.99 of the time).
+  At larger batches each task gathers its own image's rows and multiplies them in BLAS,
+  or in the compiled kernel for the shapes :func:`_kernel_takes` names.
 * Other filters (the 7x7 stride-2 stem, strided layers, small images with many
   channels) build the im2col columns of a block of output pixels in scratch
   (:func:`._kcols.im2col_block`, a few hundred columns that stay in cache) and multiply
@@ -87,9 +91,13 @@ BIAS_COLUMN_RATIO = 16
 KERNEL_MAX_DEPTH = 64
 KERNEL_CHUNK = 64
 KERNEL_MIN_WIDTH = 1024
-#: Tasks per thread of a compiled 1x1 layer on one image: its rate does not drop with
-#: fewer output channels per task (BLAS's does), so finer tasks even out the threads.
-KERNEL_TASKS_PER_THREAD = 4
+#: Tasks per thread of a compiled 1x1 layer on one image. The kernel's rate does not drop
+#: with fewer output channels per task (BLAS's does), but finer tasks did not pay either:
+#: two workers, wall time, medians of 30 interleaved, quiet machine, 2 / 4 / 8 tasks per
+#: thread: 64 -> 256 at 56x56 186 / 167 / 169 GFLOP/s, 256 -> 1024 at 14x14 199 / 179 /
+#: 172, 512 -> 128 at 28x28 203 / 204 / 204; with another process on one core, 1 to 4
+#: per thread within 5 % of each other.
+KERNEL_TASKS_PER_THREAD = 2
 #: Fewest pixels per image of a deep stride-1 1x1 layer for the compiled product.
 KERNEL_MIN_PIXELS = 128
 
@@ -156,6 +164,13 @@ def pointwise_forward(
     n, c = x.shape[0], x.shape[1]
     k, oh, ow = y.shape[1], y.shape[2], y.shape[3]
     fmat = np.ascontiguousarray(f.reshape(k, c))
+    if (sh, sw) != (1, 1) and n == 1:
+        # One image: its tasks split the output channels, and each would gather the same
+        # pixels (four times for ResNet's projections at batch 1); gathered once here.
+        size = c * oh * ow
+        dense = thread_scratch("pointwise-image", size, x.dtype)[:size].reshape(1, c, oh, ow)
+        dense[...] = x[:, :, : (oh - 1) * sh + 1 : sh, : (ow - 1) * sw + 1 : sw]
+        x, sh, sw = dense, 1, 1
     compiled = kernels("_kgemm") if _compiled_layer(x.dtype, (sh, sw), c, k, oh * ow) else None
     if compiled is not None:
         _pointwise_compiled(compiled, x, fmat, bias, y, (sh, sw))
@@ -177,8 +192,8 @@ def pointwise_forward(
 def _compiled_layer(dtype: Any, stride: tuple[int, int], c: int, k: int, pixels: int) -> bool:
     """True when the compiled product (:mod:`._kgemm`) takes this float32 stride-1 1x1 layer from BLAS.
 
-    Strided layers keep the per-task choice of :func:`_multiply` (their tasks gather
-    their input rows, and finer tasks would gather rows twice).
+    Strided layers (several images: each task gathers its own rows) keep the per-task
+    choice of :func:`_multiply`.
     """
     if dtype != np.float32 or stride != (1, 1):
         return False
