@@ -173,7 +173,7 @@ def pointwise_forward(
         x, sh, sw = dense, 1, 1
     compiled = kernels("_kgemm") if _compiled_layer(x.dtype, (sh, sw), c, k, oh * ow) else None
     if compiled is not None:
-        _pointwise_compiled(compiled, x, fmat, bias, y, (sh, sw))
+        _pointwise_compiled(compiled, x, fmat, bias, y)
         return
     tasks = pointwise_tasks(n, oh, ow, k)
     ys = y.reshape(n, k, oh * ow)
@@ -201,9 +201,9 @@ def _compiled_layer(dtype: Any, stride: tuple[int, int], c: int, k: int, pixels:
 
 
 def _pointwise_compiled(
-    compiled: Any, x: FloatArray, fmat: FloatArray, bias: FloatArray | None, y: FloatArray, s: tuple[int, int]
+    compiled: Any, x: FloatArray, fmat: FloatArray, bias: FloatArray | None, y: FloatArray
 ) -> None:
-    """:func:`pointwise_forward` on the compiled product, the filter packed once per call.
+    """:func:`pointwise_forward` at stride 1 on the compiled product, the filter packed once per call.
 
     Where every task multiplies the whole image (one image split by output channels)
     each task packs its own filter panels; otherwise the caller packs them all first.
@@ -232,15 +232,12 @@ def _pointwise_compiled(
                 compiled.pack_filter(
                     flat_f[k0 * c :], c, start[k0:], k1 - k0, c, rows, packed[at:], pbias[k0 // rows * rows :]
                 )
-            src, x0, x_ld = flat_x, (i * c * x.shape[2] + r0) * x.shape[3], x.shape[2] * x.shape[3]
-            if s != (1, 1):
-                src, x0, x_ld = _source_rows(x, x, i, r0, r1, s[0], s[1], ow).reshape(-1), 0, (r1 - r0) * ow
             compiled.product_packed(
-                packed, pbias, k0 // rows, k1 - k0, c, src, x0, x_ld,
+                packed, pbias, k0 // rows, k1 - k0, c, flat_x, i * c * pixels + r0 * ow, pixels,
                 flat_y, (i * k + k0) * pixels + r0 * ow, pixels, (r1 - r0) * ow, block, KERNEL_CHUNK,
             )  # fmt: skip
 
-    _pull(len(tasks), run)
+    parallel_pull(len(tasks), run)  # no BLAS call: its thread limit need not be taken
 
 
 def _flat(matrix: FloatArray) -> FloatArray:
