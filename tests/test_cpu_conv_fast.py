@@ -333,3 +333,66 @@ def test_cached_winograd_compared_beside_input_transform(tile: int) -> None:
     x[0, 1, 2, 3] = np.nan
     assert not winograd_forward(x, f, bias, y, 1, 1, tile)
     _winograd_cache.clear()
+
+
+#: (N, C, K, H, W, F, stride, pad, algorithm taken): ReLU applied as each algorithm stores its blocks.
+RELU_SHAPES = [
+    ((1, 16, 16, 48, 48, 3, 1, 1), "winograd"),  # F(4x4, 3x3), fused schedule
+    ((1, 48, 160, 28, 28, 3, 1, 1), "winograd"),  # by position
+    ((1, 56, 56, 14, 14, 3, 1, 1), "im2col"),  # F(2x2, 3x3) once its transform is cached
+    ((1, 8, 16, 40, 40, 3, 2, 1), "im2col"),  # tasks of pixel blocks
+    ((1, 4, 150, 7, 7, 3, 1, 1), "im2col"),  # shared columns, the filter checked first
+    ((1, 8, 150, 7, 7, 3, 1, 1), "im2col"),  # shared columns, the output checked after: ReLU after it
+    ((1, 3, 16, 64, 64, 7, 2, 3), "direct"),  # the stem's kernel
+]
+
+
+@pytest.mark.parametrize("shape, algorithm", RELU_SHAPES, ids=str)
+def test_backend_fused_relu_matches_definition(
+    cpu_backend: CpuBackend, shape: tuple[int, ...], algorithm: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """conv + bias + ReLU with the ReLU applied inside each algorithm: the definition, NaN -> 0."""
+    from computehal import validation as v
+    from computehal.backends.cpu import _conv_select as select
+    from computehal.memory import Region
+    from test_cpu_perf import _direct64
+
+    be = cpu_backend
+    n, c, k, h, w, fs, st, pad = shape
+    oh = ow = (h + 2 * pad - fs) // st + 1
+    region = Region(None, 0, 0)  # type: ignore[arg-type]
+    dims = (n, c, h, w, k, fs, fs, oh, ow, st, st, pad, pad)
+    probe = v.ConvForwardProblem(*dims, region, region, region, np.dtype(F32), pb=pad, pr=pad)
+    assert select.forward_algorithm(probe, np.empty(0, F32)) == algorithm
+    rng = np.random.default_rng(31)
+    x = rng.standard_normal((n, c, h, w)).astype(F32)
+    f = rng.standard_normal((k, c, fs, fs)).astype(F32)
+    bias = rng.standard_normal(k).astype(F32)
+    x[0, 0, h // 2, w // 2] = np.nan  # on the exact paths (Winograd declines): ReLU maps its outputs to 0
+    ptrs = [be.alloc(a.nbytes) for a in (x, f, bias)] + [be.alloc(n * k * oh * ow * 4)]
+    try:
+        for ptr, a in zip(ptrs, (x, f, bias), strict=False):
+            be.copy_htod(ptr, a)
+        for finite in (True, False):
+            xs = np.nan_to_num(x) if finite else x
+            be.copy_htod(ptrs[0], xs)
+            geometry = ((st, st), (pad, pad, pad, pad), (1, 1))
+            with np.errstate(invalid="ignore"):
+                conv = _direct64(xs, f, *geometry) + bias[None, :, None, None]
+            mag = (
+                _direct64(np.abs(np.nan_to_num(xs)), np.abs(f), *geometry) + np.abs(bias)[None, :, None, None]
+            )
+            want = np.where(conv > 0, conv, 0.0)  # NaN -> 0, as the unary RELU
+            tol = 2 * (c * fs * fs + 3) * float(np.finfo(F32).eps) * mag
+            for _ in range(3):  # the third call runs a cached Winograd transform
+                y = np.full((n, k, oh, ow), np.nan, dtype=F32)
+                be.copy_htod(ptrs[3], y)
+                be.conv2d_forward(
+                    ptrs[0], list(x.shape), ptrs[1], list(f.shape), ptrs[3], [n, k, oh, ow], [st, st],
+                    [pad, pad], bias_ptr=ptrs[2], activation="relu",
+                )  # fmt: skip
+                be.copy_dtoh(y, ptrs[3])
+                assert np.all(np.abs(y - want) <= tol), (finite, np.argwhere(~(np.abs(y - want) <= tol))[:3])
+    finally:
+        for ptr in ptrs:
+            be.free(ptr)

@@ -24,7 +24,7 @@ import numpy as np
 from ... import validation as v
 from ._blas import gemm_at
 from ._conv_algorithms import Geometry, col2im, conv_s1, conv_s1_filter_grad, im2col
-from ._conv_epilogue import apply_epilogue
+from ._conv_epilogue import apply_epilogue, relu_fusable, relu_in_place
 from ._conv_exact import backward_data, backward_filter, forward
 from ._conv_select import fast_backward_data, fast_backward_filter, fast_forward
 from ._plumbing import CpuPlumbing, FloatArray
@@ -73,6 +73,11 @@ class ConvOps(CpuPlumbing):
         if not isinstance(p, v.ConvForwardProblem) or not p.has_epilogue:
             self._forward_into(p, x, f, y, bias)
             return
+        if relu_fusable(p):
+            # The shape-specific algorithms apply a lone ReLU as they store each block.
+            if not self._forward_into(p, x, f, y, bias, relu=True):
+                relu_in_place(y)
+            return
         if p.residual is not None and p.residual == p.y:
             # Accumulate in place: the convolution goes to scratch, then y = act(y + conv).
             conv = np.empty_like(y)
@@ -84,16 +89,25 @@ class ConvOps(CpuPlumbing):
         apply_epilogue(y.reshape(-1), residual, p)
 
     def _forward_into(
-        self, p: v.ConvProblem, x: FloatArray, f: FloatArray, y: FloatArray, bias: FloatArray | None
-    ) -> None:
-        """``y`` = the convolution of ``x`` and ``f`` plus ``bias`` (``y`` may be scratch)."""
+        self,
+        p: v.ConvProblem,
+        x: FloatArray,
+        f: FloatArray,
+        y: FloatArray,
+        bias: FloatArray | None,
+        relu: bool = False,
+    ) -> bool:
+        """``y`` = the convolution of ``x`` and ``f`` plus ``bias`` (``y`` may be scratch).
+
+        ``relu``: a shape-specific algorithm may apply ReLU too; True when it has.
+        """
         if p.c == 0:
             y[...] = bias[None, :, None, None] if bias is not None else 0
-            return
-        if fast_forward(p, x, f, y, bias):
-            return
+            return False
+        if fast_forward(p, x, f, y, bias, relu):
+            return relu
         if p.depthwise and self._depthwise_forward(p, x, f, y, bias):
-            return
+            return False
         g = _geometry(p)
         if p.depthwise or _padding_heavy(p) or (_padded(p) and not _finite(f)):
             forward(x, f, y, g, p.groups)
@@ -107,6 +121,7 @@ class ConvOps(CpuPlumbing):
                 )
         if bias is not None:
             y += bias[None, :, None, None]
+        return False
 
     @staticmethod
     def _forward_group(p: v.ConvProblem, x: FloatArray, f: FloatArray, y: FloatArray) -> None:

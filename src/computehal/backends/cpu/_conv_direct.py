@@ -85,7 +85,7 @@ class _Direct:
     """One call's packed filter, tap table and geometry."""
 
     def __init__(
-        self, x: FloatArray, f: FloatArray, bias: FloatArray | None, y: FloatArray, pads: Any
+        self, x: FloatArray, f: FloatArray, bias: FloatArray | None, y: FloatArray, pads: Any, relu: bool
     ) -> None:
         self.kern = kern = kernels("_kgemm")
         self.x, self.y, (self.pt, self.pl, sh, sw) = x, y, pads
@@ -106,6 +106,8 @@ class _Direct:
         # The output's planes written in place (a copy back where the caller's is not contiguous).
         self.target = y if y.flags.c_contiguous else np.empty(y.shape, dtype=np.float32)
         self.flat_y = self.target.reshape(-1)
+        self.clamp = kernels("_kepilogue").relu_region if relu else None
+        self.planes = self.target.reshape(y.shape[0], self.k, self.oh * self.ow)
 
     def split(self, i: int, out: FloatArray) -> None:
         _split_phases(self.x, i, self.pt, self.pl, out.reshape(self.shape))
@@ -119,16 +121,23 @@ class _Direct:
         self.kern.product_table(
             self.packed, self.pbias, k, self.depth, phases, start, self.offsets, out, plane, width, wq, ow
         )
+        if self.clamp is not None:
+            self.clamp(self.planes, i, i + 1, 0, k, r0 * ow, r1 * ow)
 
 
-def direct_forward(x: FloatArray, f: FloatArray, bias: FloatArray | None, y: FloatArray, pads: Any) -> None:
+def direct_forward(
+    x: FloatArray, f: FloatArray, bias: FloatArray | None, y: FloatArray, pads: Any, relu: bool = False
+) -> None:
     """``y`` = convolution of float32 ``x`` with ``f`` [K, C, Fh, Fw] (one group) plus ``bias``.
+
+    ``relu``: ReLU (NaN -> 0) applied to each block of output rows after its product,
+    while it is in cache.
 
     ``pads``: (pt, pl, sh, sw); the caller checks :func:`direct_applies`. Whole images are
     tasks while there are at least two per thread; otherwise all images are split first
     and the tasks are blocks of output rows.
     """
-    job = _Direct(x, f, bias, y, pads)
+    job = _Direct(x, f, bias, y, pads, relu)
     n, oh, size = x.shape[0], job.oh, job.size
     if n >= 2 * workers():
 

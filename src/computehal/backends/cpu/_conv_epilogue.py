@@ -17,7 +17,24 @@ from ._elementwise import _UNARY, BLOCK
 from ._plumbing import FloatArray
 from ._runtime import kernels, parallel_ranges
 
-__all__ = ["apply_epilogue"]
+__all__ = ["apply_epilogue", "relu_fusable", "relu_in_place"]
+
+
+def relu_fusable(p: v.ConvProblem) -> bool:
+    """True when the epilogue of ``p`` is a ReLU alone (the algorithms may apply it as they store)."""
+    return (
+        isinstance(p, v.ConvForwardProblem)
+        and p.residual is None
+        and p.activation is UnaryOp.RELU
+        and kernels("_kepilogue") is not None
+    )
+
+
+def relu_in_place(y: FloatArray) -> None:
+    """``y = relu(y)`` (NaN -> 0) over a C-contiguous ``y`` of any shape, split over the threads."""
+    flat = y.reshape(-1)
+    compiled = kernels("_kepilogue")
+    parallel_ranges(flat.size, lambda lo, hi: compiled.relu_into(flat[lo:hi]))
 
 
 def apply_epilogue(y: FloatArray, r: FloatArray | None, p: v.ConvForwardProblem) -> None:

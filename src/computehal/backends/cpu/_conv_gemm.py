@@ -386,13 +386,19 @@ class _Columns:
 
 
 def im2col_forward(
-    x: FloatArray, f: FloatArray, bias: FloatArray | None, y: FloatArray, geometry: tuple[int, ...]
+    x: FloatArray,
+    f: FloatArray,
+    bias: FloatArray | None,
+    y: FloatArray,
+    geometry: tuple[int, ...],
+    relu: bool = False,
 ) -> None:
     """``y`` = convolution of ``x`` with ``f`` [K, C, Fh, Fw] (one group) plus ``bias``, by im2col blocks.
 
     ``geometry``: (pt, pl, sh, sw, dh, dw). Few output pixels in all (fewer than
     :data:`MIN_COLUMNS` per task at two tasks per thread: one small image, or a few
-    7x7 ones) take :func:`_im2col_shared` instead.
+    7x7 ones) take :func:`_im2col_shared` instead. ``relu``: each task applies ReLU
+    (NaN -> 0) to its output block after its GEMM, while the block is in cache.
     """
     n, c = x.shape[0], x.shape[1]
     k, _, fh, fw = f.shape
@@ -402,8 +408,9 @@ def im2col_forward(
     columns = _Columns(x, fh, fw, ow, geometry)
     fmat = f.reshape(k, crs)
     ys = y.reshape(n, k, pixels)
+    clamp = kernels("_kepilogue").relu_region if relu else None
     if n * pixels < 2 * workers() * MIN_COLUMNS and k >= 2 * MIN_CHANNELS:
-        _im2col_shared(columns, fmat, bias, ys)
+        _im2col_shared(columns, fmat, bias, ys, clamp)
         return
     tasks = _column_tasks(n, pixels, crs)
     rows = crs
@@ -426,18 +433,23 @@ def im2col_forward(
                 out = thread_scratch("im2col-out", k * width, dt)[: k * width].reshape(k, width)
                 _multiply(fmat, cols, out, bias)
                 ys[n0:n1] = out.reshape(k, n1 - n0, pixels).transpose(1, 0, 2)
+            if clamp is not None:
+                clamp(ys, n0, n1, 0, k, p0, p1)
 
     _pull(len(tasks), run)
 
 
-def _im2col_shared(columns: _Columns, fmat: FloatArray, bias: FloatArray | None, ys: FloatArray) -> None:
+def _im2col_shared(
+    columns: _Columns, fmat: FloatArray, bias: FloatArray | None, ys: FloatArray, clamp: Any = None
+) -> None:
     """im2col for few output pixels: all columns at once, then the GEMM split by output channels.
 
     Splitting the pixels would leave each thread a GEMM a few dozen columns wide that
     reads the whole filter matrix (4608 x 512 floats for ResNet's last 3x3 layers) for
     them; instead the threads build the columns by input-channel blocks, then each
     multiplies its own block of filter rows by all of them (one block per thread: every
-    block's GEMM packs all the columns again). ``fmat``: the filter as [K, C Fh Fw].
+    block's GEMM packs all the columns again). ``fmat``: the filter as [K, C Fh Fw];
+    ``clamp``: :func:`._kepilogue.relu_region`, applied to each block after its GEMM, or None.
     """
     n, k, pixels = ys.shape
     c = columns.x.shape[1]
@@ -458,11 +470,13 @@ def _im2col_shared(columns: _Columns, fmat: FloatArray, bias: FloatArray | None,
             part = None if bias is None else bias[k0:k1]
             if n == 1:
                 _multiply(fmat[k0:k1], cols, ys[0, k0:k1], part)
-                continue
-            out = thread_scratch("im2col-out", (k1 - k0) * width, fmat.dtype)[: (k1 - k0) * width]
-            out = out.reshape(k1 - k0, width)
-            _multiply(fmat[k0:k1], cols, out, part)
-            ys[:, k0:k1] = out.reshape(k1 - k0, n, pixels).transpose(1, 0, 2)
+            else:
+                out = thread_scratch("im2col-out", (k1 - k0) * width, fmat.dtype)[: (k1 - k0) * width]
+                out = out.reshape(k1 - k0, width)
+                _multiply(fmat[k0:k1], cols, out, part)
+                ys[:, k0:k1] = out.reshape(k1 - k0, n, pixels).transpose(1, 0, 2)
+            if clamp is not None:
+                clamp(ys, 0, n, k0, k1, 0, pixels)
 
     _pull(len(fills), fill)
     _pull(len(parts), multiply)

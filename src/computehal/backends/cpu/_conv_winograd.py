@@ -128,7 +128,9 @@ def _item_scratch(
     return v, m, thread_scratch("winograd", size)
 
 
-def _fused(x: FloatArray, u: FloatArray, bias: FloatArray | None, y: FloatArray, pt: int, pl: int) -> bool:
+def _fused(
+    x: FloatArray, u: FloatArray, bias: FloatArray | None, y: FloatArray, pt: int, pl: int, relu: bool = False
+) -> bool:
     kern = kernels("_winograd")
     n, cin = x.shape[0], x.shape[1]
     kout, oh, ow = y.shape[1], y.shape[2], y.shape[3]
@@ -147,7 +149,7 @@ def _fused(x: FloatArray, u: FloatArray, bias: FloatArray | None, y: FloatArray,
         np.matmul(v.reshape(36, tiles, cin), u.reshape(36, cin, kout), out=m.reshape(36, tiles, kout))
         for image in range(n0, n1):
             kern.output_item(
-                m, y, image, t0, t1, tw, tiles, (image - n0) * rows * tw, b, bias is not None, work
+                m, y, image, t0, t1, tw, tiles, (image - n0) * rows * tw, b, _flags(bias, relu), work
             )
         return True
 
@@ -210,6 +212,7 @@ def _by_position(
     y: FloatArray,
     geometry: tuple[int, int, int],
     check: tuple[FloatArray, FloatArray] | None = None,
+    relu: bool = False,
 ) -> bool | None:
     """The by-position schedule; ``geometry``: (pt, pl, tile).
 
@@ -235,7 +238,7 @@ def _by_position(
     def body(i: int) -> bool:
         image, r0, r1 = items[i]
         work = thread_scratch("winograd", kern.output_item_scratch(r1 - r0, tw, kout))
-        kern.output_item(m, y, image, r0, r1, tw, tiles, (image * th + r0) * tw, b, bias is not None, work)
+        kern.output_item(m, y, image, r0, r1, tw, tiles, (image * th + r0) * tw, b, _flags(bias, relu), work)
         return True
 
     return _pull(len(items), body)
@@ -246,16 +249,30 @@ def _conv(
 ) -> bool:
     """``y`` = 3x3 stride-1 convolution of ``x`` with the filters ``ft`` [C, 3, 3, K] (+ bias)."""
     u = _transformed_filter(ft, tile)
-    return u is not None and _run(x, u, bias, y, pt, pl, tile)
+    return u is not None and _run(x, u, bias, y, (pt, pl, tile))
 
 
 def _run(
-    x: FloatArray, u: FloatArray, bias: FloatArray | None, y: FloatArray, pt: int, pl: int, tile: int
+    x: FloatArray,
+    u: FloatArray,
+    bias: FloatArray | None,
+    y: FloatArray,
+    geometry: tuple[int, int, int],
+    relu: bool = False,
 ) -> bool:
-    """``y`` = the convolution of ``x`` with the transformed filters ``u`` (+ bias)."""
+    """``y`` = the convolution of ``x`` with the transformed filters ``u`` (+ bias, then ReLU if ``relu``).
+
+    ``geometry``: (pt, pl, tile).
+    """
+    pt, pl, tile = geometry
     if tile == 4 and u.size <= FUSED_FILTER_FLOATS:
-        return _fused(x, u, bias, y, pt, pl)
-    return bool(_by_position(x, u, bias, y, (pt, pl, tile)))
+        return _fused(x, u, bias, y, pt, pl, relu)
+    return bool(_by_position(x, u, bias, y, (pt, pl, tile), relu=relu))
+
+
+def _flags(bias: FloatArray | None, relu: bool) -> int:
+    """The output transform's flags: 1 adds the bias, 2 applies ReLU."""
+    return (1 if bias is not None else 0) | (2 if relu else 0)
 
 
 def winograd_forward(
@@ -267,6 +284,7 @@ def winograd_forward(
     pl: int,
     tile: int = 4,
     cached_only: bool = False,
+    relu: bool = False,
 ) -> bool:
     """Forward 3x3 stride-1 convolution: ``x`` [N, C, H, W], ``f`` [K, C, 3, 3], ``y`` [N, K, OH, OW].
 
@@ -276,13 +294,14 @@ def winograd_forward(
     bytes, and is stored there once ``f`` has been seen unchanged on an earlier call.
     ``cached_only``: decline (False, nothing written) unless the transform is stored or
     about to be (shapes where Winograd wins only without a transform per call).
+    ``relu``: apply ReLU (NaN -> 0) to each output row as it is stored.
     A stored transform that the by-position schedule runs is compared with the filter
     beside the input transform rather than before it (:func:`_transform_inputs`).
     """
     f = np.ascontiguousarray(f)
     entry = _cache.candidate(f, tile)
     if entry is not None and (tile == 2 or entry[1].size > FUSED_FILTER_FLOATS):
-        done = _by_position(x, entry[1], bias, y, (pt, pl, tile), (entry[0], f))
+        done = _by_position(x, entry[1], bias, y, (pt, pl, tile), (entry[0], f), relu)
         if done is not None:
             return done
     u = _cache.lookup(f, tile)
@@ -298,7 +317,7 @@ def winograd_forward(
         if keep:
             u = u.copy()
             _cache.store(f, tile, u)
-    return _run(x, u, bias, y, pt, pl, tile)
+    return _run(x, u, bias, y, (pt, pl, tile), relu)
 
 
 def _filter_blocks(kout: int, block: int) -> list[tuple[int, int]]:
@@ -308,7 +327,12 @@ def _filter_blocks(kout: int, block: int) -> list[tuple[int, int]]:
 
 
 def _by_blocks(
-    x: FloatArray, f: FloatArray, bias: FloatArray | None, y: FloatArray, geometry: tuple[int, int, int, int]
+    x: FloatArray,
+    f: FloatArray,
+    bias: FloatArray | None,
+    y: FloatArray,
+    geometry: tuple[int, int, int, int],
+    relu: bool = False,
 ) -> bool:
     """The convolution by output-channel blocks: every tile's ``V``, then per block its filter and outputs.
 
@@ -331,6 +355,7 @@ def _by_blocks(
     blocks = _filter_blocks(kout, block)
     b = bias if bias is not None else np.zeros(kout, dtype=np.float32)
     taps_last = kernels("_winograd").taps_last
+    flags = _flags(bias, relu)
 
     def body(i: int) -> bool:
         k0, k1 = blocks[i]
@@ -345,7 +370,7 @@ def _by_blocks(
         work = thread_scratch("winograd", kern.output_item_scratch(th, tw, width))
         for image in range(n):
             out = y[image : image + 1, k0:k1]
-            kern.output_item(m, out, 0, 0, th, tw, tiles, image * th * tw, b[k0:k1], bias is not None, work)
+            kern.output_item(m, out, 0, 0, th, tw, tiles, image * th * tw, b[k0:k1], flags, work)
         return True
 
     return _pull(len(blocks), body)
@@ -360,6 +385,7 @@ def winograd_streamed(
     pl: int,
     tile: int,
     block: int,
+    relu: bool = False,
 ) -> bool:
     """:func:`winograd_forward` with the filter transformed per block of ``block`` output channels.
 
@@ -369,7 +395,7 @@ def winograd_streamed(
     channels that traffic can cost more than the transform (see :mod:`._conv_select`).
     False (``y`` undefined) when a value is not finite.
     """
-    return _by_blocks(x, np.ascontiguousarray(f), bias, y, (pt, pl, tile, block))
+    return _by_blocks(x, np.ascontiguousarray(f), bias, y, (pt, pl, tile, block), relu)
 
 
 def winograd_backward_data(

@@ -72,6 +72,7 @@ _HALF = _F(0.5)
 _FOUR = _F(4.0)
 _FIVE = _F(5.0)
 _EIGHT = _F(8.0)
+_ZERO = _F(0.0)
 _EXP_MASK = np.int32(0x7F800000)  # exponent bits all set: inf or NaN
 
 
@@ -386,8 +387,12 @@ def _output_transform(m, t0, rows_t, tw_count, kout, tiles, tt, yo):
 
 
 @jit
-def _store(yo, ow_pad, kout, y, n, oh0, rows, bias, has_bias):
-    """``y[n, k, oh0 + r, w] = yo[r * ow_pad + w, k] (+ bias[k])`` for the rows inside ``y``."""
+def _store(yo, ow_pad, kout, y, n, oh0, rows, bias, flags):
+    """``y[n, k, oh0 + r, w] = yo[r * ow_pad + w, k] (+ bias[k])`` for the rows inside ``y``.
+
+    ``flags``: 1 adds ``bias``, 2 then applies ReLU (NaN -> 0, as the ``unary`` op), on
+    each row while it is in cache.
+    """
     height, width = y.shape[2], y.shape[3]
     rows = min(rows, height - oh0)
     src = yo.reshape(-1)
@@ -406,12 +411,18 @@ def _store(yo, ow_pad, kout, y, n, oh0, rows, bias, has_bias):
         for k in range(k8, kout):
             for w in range(width):
                 y[n, k, oh0 + r, w] = yo[r * ow_pad + w, k]
-        if has_bias:
+        if flags & 1:
             for k in range(kout):
                 dst = y[n, k, oh0 + r]
                 b = bias[k]
                 for w in range(width):
                     dst[w] += b
+        if flags & 2:
+            for k in range(kout):
+                dst = y[n, k, oh0 + r]
+                for w in range(width):
+                    v = dst[w]
+                    dst[w] = v if v > _ZERO else _ZERO
 
 
 @jit
@@ -494,14 +505,17 @@ def position_gemms(u, v, m, xi0, xi1, tiles, cin, kout):
 
 
 @jit
-def output_item(m, y, n, th0, th1, tw_count, tiles, t0, bias, has_bias, work):
-    """Output tile rows ``[th0, th1)`` of image ``n`` from M rows ``t0 ..`` (``m`` flat [36, tiles, K])."""
+def output_item(m, y, n, th0, th1, tw_count, tiles, t0, bias, flags, work):
+    """Output tile rows ``[th0, th1)`` of image ``n`` from M rows ``t0 ..`` (``m`` flat [36, tiles, K]).
+
+    ``flags``: 1 adds ``bias``, 2 applies ReLU after it (see :func:`_store`).
+    """
     kout = y.shape[1]
     rows_t = th1 - th0
     tt = work[: 24 * kout].reshape((24, kout))
     yo = work[24 * kout : 24 * kout + 16 * rows_t * tw_count * kout].reshape((16 * rows_t * tw_count, kout))
     _output_transform(m.reshape((36 * tiles, kout)), t0, rows_t, tw_count, kout, tiles, tt, yo)
-    _store(yo, 4 * tw_count, kout, y, n, 4 * th0, 4 * rows_t, bias, has_bias)
+    _store(yo, 4 * tw_count, kout, y, n, 4 * th0, 4 * rows_t, bias, flags)
 
 
 def output_item_scratch(rows_t: int, tw_count: int, kout: int) -> int:
@@ -552,6 +566,6 @@ def warm_up() -> None:
     v = np.zeros(36, dtype=_F)
     input_item(x, 0, 0, 1, 1, 1, 1, v, 1, 0, work)
     position_gemms(u, v, v, 0, 36, 1, 1, 1)
-    output_item(v, y, 0, 0, 1, 1, 1, 0, bias, False, work)
+    output_item(v, y, 0, 0, 1, 1, 1, 0, bias, 3, work)
     grad_item(y, 0, 0, 1, 1, v, 1, 0, work)
     position_filter_gemms(v, v, u, 0, 36, 1, 1, 1, 0.0)

@@ -127,14 +127,17 @@ def input_item_scratch(rows_t: int, tw_count: int, cin: int) -> int:
 
 
 @jit
-def output_item(m, y, n, th0, th1, tw_count, tiles, t0, bias, has_bias, work):
-    """Output tile rows ``[th0, th1)`` of image ``n`` from M rows ``t0 ..`` (``m`` flat [16, tiles, K])."""
+def output_item(m, y, n, th0, th1, tw_count, tiles, t0, bias, flags, work):
+    """Output tile rows ``[th0, th1)`` of image ``n`` from M rows ``t0 ..`` (``m`` flat [16, tiles, K]).
+
+    ``flags`` as in :func:`._winograd.output_item`.
+    """
     kout = y.shape[1]
     rows_t = th1 - th0
     tt = work[: 8 * kout].reshape((8, kout))
     yo = work[8 * kout : 8 * kout + 4 * rows_t * tw_count * kout].reshape((4 * rows_t * tw_count, kout))
     _output_transform(m.reshape((16 * tiles, kout)), t0, rows_t, tw_count, kout, tiles, tt, yo)
-    _store(yo, 2 * tw_count, kout, y, n, 2 * th0, 2 * rows_t, bias, has_bias)
+    _store(yo, 2 * tw_count, kout, y, n, 2 * th0, 2 * rows_t, bias, flags)
 
 
 def output_item_scratch(rows_t: int, tw_count: int, kout: int) -> int:
@@ -152,4 +155,4 @@ def warm_up() -> None:
     work = np.zeros(input_item_scratch(1, 1, 1) + output_item_scratch(1, 1, 1), dtype=_F)
     v = np.zeros(16, dtype=_F)
     input_item(x, 0, 0, 1, 1, 1, 1, v, 1, 0, work)
-    output_item(v, y, 0, 0, 1, 1, 1, 0, np.zeros(1, dtype=_F), False, work)
+    output_item(v, y, 0, 0, 1, 1, 1, 0, np.zeros(1, dtype=_F), 3, work)
