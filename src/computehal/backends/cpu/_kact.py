@@ -53,6 +53,7 @@ from ._kmath import (
     _LOG2E,
     _ONE,
     _ROUND,
+    _ROUND127,
     _ROUND_BITS,
     _TWO,
     _exp,
@@ -146,11 +147,11 @@ def _exp_gelu(x: float) -> float:
     """
     xc = _GT_HI if x > _GT_HI else x
     xc = _GT_LO if xc < _GT_LO else xc
-    t = xc * _LOG2E + _ROUND
-    nf = t - _ROUND
+    t = xc * _LOG2E + _ROUND127
+    nf = t - _ROUND127
     r = xc - nf * _LN2_HI
     r = r - nf * _LN2_LO
-    return _exp_short(r) * as_float(_ishl(_isub(as_int(t), _ROUND_BITS - 127), 23))
+    return _exp_short(r) * as_float(_ishl(as_int(t), 23))
 
 
 @_jit

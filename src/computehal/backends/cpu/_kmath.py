@@ -9,7 +9,7 @@ softmax so each row is read from memory once.
 
 Accuracy (checked over every 997th float32 bit pattern and all special values by
 ``tests/test_cpu_kernels.py`` against float64 NumPy, whole float32 range including
-subnormal inputs and results): exp 0.98, log 1.13, tanh 1.30 ULP at most (bound 2),
+subnormal inputs and results): exp 0.98, log 1.13, tanh 1.25 ULP at most (bound 2),
 sigmoid 2.18 (bound 2.5: exp, one addition and one division). Special values are
 exact (``exp(-inf) = 0``, ``exp(inf) = inf``, overflow to inf, ``log(0) = -inf``,
 ``log(x < 0) = NaN``, ``tanh(+-inf) = +-1``, NaN in gives NaN out, ``tanh(-0) = -0``).
@@ -198,6 +198,8 @@ _T2 = _F(-5.37397155531e-2)
 _T3 = _F(1.33314422036e-1)
 _T4 = _F(-3.33332819422e-1)
 _TANH_SMALL = _F(0.625)
+_ROUND127 = _F(12583039.0)  # 1.5 * 2**23 + 127: t's low bits then hold n + 127
+_LN2 = _F(0.6931471805599453)
 _Q0 = _F(0.49999993451107844)
 _Q1 = _F(0.16666520683705277)
 _Q2 = _F(0.04166838748046593)
@@ -232,16 +234,19 @@ def _tanh(x: float) -> float:
     z = a * a
     small = ((((_T0 * z + _T1) * z + _T2) * z + _T3) * z + _T4) * z * a + a
     # exp(2a) for 0 <= a <= 9.5 (or NaN): the result stays normal, one exponent scale suffices.
+    # ln 2 in one float32 part (error n * 1.9e-9 relative, n <= 28: well below an ULP of
+    # tanh, which moves by a fraction of exp's error), and n + 127 read from t's low bits.
     ac = _TANH_CLAMP if a > _TANH_CLAMP else a  # NaN passes
     xc = ac + ac
-    r, n = _exp_reduce(xc)
+    t = xc * _LOG2E + _ROUND127
+    r = xc - (t - _ROUND127) * _LN2
     p = _exp_short(r)
-    big = _ONE - _TWO / (p * _as_float((n + 127) << 23) + _ONE)
+    big = _ONE - _TWO / (p * _as_float(_as_int(t) << 23) + _ONE)
     res = small if a < _TANH_SMALL else big
     return _as_float(_as_int(res) ^ (_as_int(x) & _SIGN_BIT))
 
 
-_NEG_BIAS_BITS = _I(0x4B400000 - 191)  # bits of _ROUND, less the exponent bias and 64
+_ROUND191 = _F(12583103.0)  # 1.5 * 2**23 + 127 + 64: t's low bits then hold n + 191
 _TWO_M64 = _F(2.0**-64)
 
 
@@ -250,15 +255,15 @@ def _exp_le0(x: float) -> float:
     """exp(x) for x <= 0 or NaN by the shorter polynomial ``_Q`` (relative error 2**-28.3).
 
     ``2**n`` (n from -150 to 0) is applied as ``2**(n + 64)``, exact, times ``2**-64``,
-    which rounds subnormal results once: four operations where ``_exp`` spends eight on
-    its two factors (and it has no overflow clamp).
+    which rounds subnormal results once: three operations where ``_exp`` spends eight on
+    its two factors (n + 191 is read from ``t``'s low bits; no overflow clamp).
     """
     xc = _EXP_LO if x < _EXP_LO else x
-    t = xc * _LOG2E + _ROUND
-    nf = t - _ROUND
+    t = xc * _LOG2E + _ROUND191
+    nf = t - _ROUND191
     r = xc - nf * _LN2_HI
     r = r - nf * _LN2_LO
-    return _exp_short(r) * _as_float(_ishl(_isub(_as_int(t), _NEG_BIAS_BITS), 23)) * _TWO_M64
+    return _exp_short(r) * _as_float(_ishl(_as_int(t), 23)) * _TWO_M64
 
 
 @_jit
