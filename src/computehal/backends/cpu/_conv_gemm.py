@@ -73,6 +73,13 @@ __all__ = [
 MIN_COLUMNS = 256
 #: Fewest output channels of a task that splits them.
 MIN_CHANNELS = 64
+#: Output pixels per thread below which im2col builds all columns first and splits the GEMM by
+#: output channels (:func:`_im2col_shared`). ResNet's 128-channel stride-2 3x3 layer at batch 1
+#: (784 pixels) runs as four pulled tasks of fill and GEMM instead: CPU time of both threads,
+#: 20th percentile of 55 interleaved calls, 3.30 ms vs 3.82 shared (the two GEMM halves each
+#: packed all 3.6 MB of columns); 196 pixels (its 256-channel layer) stay shared (tasks of 49
+#: pixels each read the whole filter).
+SHARED_PIXELS = 256
 #: Floats of im2col columns one task aims for (about a megabyte).
 COLUMN_FLOATS = 1 << 18
 #: Output widths from which im2col copies row segments instead of gathering by table.
@@ -396,8 +403,8 @@ def im2col_forward(
     """``y`` = convolution of ``x`` with ``f`` [K, C, Fh, Fw] (one group) plus ``bias``, by im2col blocks.
 
     ``geometry``: (pt, pl, sh, sw, dh, dw). Few output pixels in all (fewer than
-    :data:`MIN_COLUMNS` per task at two tasks per thread: one small image, or a few
-    7x7 ones) take :func:`_im2col_shared` instead. ``relu``: each task applies ReLU
+    :data:`SHARED_PIXELS` per thread: one small image, or a few 7x7 ones) take
+    :func:`_im2col_shared` instead. ``relu``: each task applies ReLU
     (NaN -> 0) to its output block after its GEMM, while the block is in cache.
     """
     n, c = x.shape[0], x.shape[1]
@@ -409,7 +416,7 @@ def im2col_forward(
     fmat = f.reshape(k, crs)
     ys = y.reshape(n, k, pixels)
     clamp = kernels("_kepilogue").relu_region if relu else None
-    if n * pixels < 2 * workers() * MIN_COLUMNS and k >= 2 * MIN_CHANNELS:
+    if n * pixels < workers() * SHARED_PIXELS and k >= 2 * MIN_CHANNELS:
         _im2col_shared(columns, fmat, bias, ys, clamp)
         return
     tasks = _column_tasks(n, pixels, crs)
