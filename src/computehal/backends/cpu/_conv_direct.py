@@ -23,6 +23,7 @@ convolutions to finite filters (as for im2col).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -73,8 +74,13 @@ def _split_phases(x: FloatArray, i: int, pt: int, pl: int, out: FloatArray) -> N
             phase[:, u0:u1, v0:v1] = x[i, :, rows, c0 : c0 + (v1 - v0 - 1) * sw + 1 : sw]
 
 
+@functools.lru_cache(maxsize=64)
 def _tap_offsets(shape: tuple[int, ...], fh: int, fw: int) -> Any:
-    """Offset of tap (c, r, s) from its output pixel in the phase layout, in filter order."""
+    """Offset of tap (c, r, s) from its output pixel in the phase layout, in filter order.
+
+    Kept per shape (building the table with NumPy took 45 us of the stem's call); the
+    callers only read it (a read-only array would be another type to numba, compiled anew).
+    """
     c, sh, sw, hq, wq = shape
     cc, rr, ss = np.meshgrid(np.arange(c), np.arange(fh), np.arange(fw), indexing="ij")
     plane = ((cc * sh + rr % sh) * sw + ss % sw) * (hq * wq)
