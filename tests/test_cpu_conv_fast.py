@@ -396,3 +396,67 @@ def test_backend_fused_relu_matches_definition(
     finally:
         for ptr in ptrs:
             be.free(ptr)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("size", [(2, 70, 19, 12, 11), (1, 150, 37, 14, 14), (1, 16, 200, 4, 7)])
+def test_pointwise_epilogue_matches_separate_passes(
+    size: tuple[int, ...], residual: bool, relu: bool
+) -> None:
+    """The compiled 1x1 forward with its epilogue: bit for bit the convolution, then ``relu(y + r)``."""
+    from computehal.backends.cpu import _kepilogue as separate
+    from computehal.backends.cpu._conv_gemm import pointwise_forward
+
+    n, c, k, h, w = size
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    f = rng.standard_normal((k, c, 1, 1)).astype(np.float32)
+    bias = rng.standard_normal(k).astype(np.float32)
+    r = rng.standard_normal(n * k * h * w).astype(np.float32)
+    r[::7] = np.nan
+    r[1::11] = -np.inf
+    plain = np.empty((n, k, h, w), dtype=np.float32)
+    assert pointwise_forward(x, f, bias, plain, 1, 1)
+    want = plain.reshape(-1).copy()
+    if residual and relu:
+        separate.add_relu_into(want, r)
+    elif residual:
+        separate.add_into(want, r)
+    elif relu:
+        separate.relu_into(want)
+    space = np.full(want.size + 40, 7.0, dtype=np.float32)
+    y = space[: want.size].reshape(plain.shape)
+    assert pointwise_forward(x, f, bias, y, 1, 1, (r if residual else None, relu))
+    np.testing.assert_array_equal(y.reshape(-1).view(np.int32), want.view(np.int32))
+    assert (space[want.size :] == 7.0).all()
+
+
+def test_backend_fused_pointwise_epilogue(cpu_backend: CpuBackend) -> None:
+    """conv2d_forward of a 1x1 layer with ReLU and a residual (the output as residual too), or ReLU alone."""
+    be = cpu_backend
+    n, c, k, h, w = 1, 96, 64, 12, 12
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    f = rng.standard_normal((k, c, 1, 1)).astype(np.float32)
+    r = rng.standard_normal((n, k, h, w)).astype(np.float32)
+    conv = np.einsum("kc,nchw->nkhw", f[:, :, 0, 0].astype(np.float64), x.astype(np.float64))
+    wants = {True: np.maximum(conv + r, 0), False: np.maximum(conv, 0)}
+    mag = np.einsum("kc,nchw->nkhw", np.abs(f[:, :, 0, 0]).astype(np.float64), np.abs(x)) + np.abs(r)
+    px, pf, pr, py = be.alloc(x.nbytes), be.alloc(f.nbytes), be.alloc(r.nbytes), be.alloc(r.nbytes)
+    try:
+        for ptr, a in ((px, x), (pf, f), (pr, r), (py, r)):
+            be.copy_htod(ptr, a)
+        for res in (pr, py, None):
+            be.conv2d_forward(
+                px, [n, c, h, w], pf, [k, c, 1, 1], py, [n, k, h, w], [1, 1], [0, 0],
+                residual_ptr=res, activation="relu",
+            )  # fmt: skip
+            got = np.empty_like(r)
+            be.copy_dtoh(got, py)
+            want = wants[res is not None]
+            assert np.all(np.abs(got - want) <= 2 * (c + 2) * np.finfo(np.float32).eps * mag)
+            be.copy_htod(py, r)
+    finally:
+        for ptr in (px, pf, pr, py):
+            be.free(ptr)

@@ -22,11 +22,13 @@ from __future__ import annotations
 import numpy as np
 
 from ... import validation as v
+from ...types import UnaryOp
 from ._blas import gemm_at
 from ._conv_algorithms import Geometry, col2im, conv_s1, conv_s1_filter_grad, im2col
 from ._conv_epilogue import apply_epilogue, relu_fusable, relu_in_place
 from ._conv_exact import backward_data, backward_filter, forward
-from ._conv_select import fast_backward_data, fast_backward_filter, fast_forward
+from ._conv_gemm import pointwise_forward
+from ._conv_select import fast_backward_data, fast_backward_filter, fast_forward, pointwise_applies
 from ._plumbing import CpuPlumbing, FloatArray
 from ._runtime import PARALLEL_THRESHOLD, kernels, parallel_ranges
 
@@ -84,8 +86,13 @@ class ConvOps(CpuPlumbing):
             self._forward_into(p, x, f, conv, bias)
             apply_epilogue(y.reshape(-1), conv.reshape(-1), p)
             return
-        self._forward_into(p, x, f, y, bias)
         residual = None if p.residual is None else self._flat(p.residual, p.dtype)
+        if p.c and p.activation in (None, UnaryOp.RELU) and pointwise_applies(p):
+            # 1x1: the compiled product applies the epilogue as it stores (no second pass).
+            if not pointwise_forward(x, f, bias, y, p.sh, p.sw, (residual, p.activation is UnaryOp.RELU)):
+                apply_epilogue(y.reshape(-1), residual, p)
+            return
+        self._forward_into(p, x, f, y, bias)
         apply_epilogue(y.reshape(-1), residual, p)
 
     def _forward_into(

@@ -17,8 +17,10 @@
   against the previous per-task choice interleaved in one process (medians of 30):
   64 -> 64 at 56x56 0.78 of the time, 64 -> 256 0.87, 256 -> 64 0.82, 128 -> 512 at
   28x28 0.81, 512 -> 128 0.81, 256 -> 1024 at 14x14 0.95, 1024 -> 256 0.87 (on a quiet
-  minute 256 -> 1024 took 0.51 ms, 200 GFLOP/s). At 7x7 (49 pixels, 77 % of the
-  kernel's lanes used) BLAS stays faster (one core: 512 -> 2048 88 vs 73 GFLOP/s).
+  minute 256 -> 1024 took 0.51 ms, 200 GFLOP/s). The kernel also applies a fused
+  residual and ReLU as it stores (the ``epilogue`` of :func:`pointwise_forward`). At
+  7x7 (49 pixels, 77 % of the kernel's lanes used) BLAS stays faster (one core:
+  512 -> 2048 88 vs 73 GFLOP/s).
 * A strided 1x1 layer on one image is gathered once into scratch and then multiplied as
   a stride-1 one: its tasks split the output channels and each had gathered the same
   pixels (ResNet-50's projections at batch 1, two workers: 0.95-0.99 of the time).
@@ -165,9 +167,21 @@ def pointwise_tasks(
 
 
 def pointwise_forward(
-    x: FloatArray, f: FloatArray, bias: FloatArray | None, y: FloatArray, sh: int, sw: int
-) -> None:
-    """``y`` = 1x1 convolution (no padding) of ``x`` [N, C, H, W] with ``f`` [K, C, 1, 1], plus bias."""
+    x: FloatArray,
+    f: FloatArray,
+    bias: FloatArray | None,
+    y: FloatArray,
+    sh: int,
+    sw: int,
+    epilogue: tuple[FloatArray | None, bool] | None = None,
+) -> bool:
+    """``y`` = 1x1 convolution (no padding) of ``x`` [N, C, H, W] with ``f`` [K, C, 1, 1], plus bias.
+
+    ``epilogue``: ``(residual, relu)``, a residual laid out as ``y`` (1-D, disjoint from
+    it) or None, and whether ReLU follows. True when it was applied as the outputs were
+    stored (the compiled path); False leaves it to the caller (``y`` holds the plain
+    convolution).
+    """
     n, c = x.shape[0], x.shape[1]
     k, oh, ow = y.shape[1], y.shape[2], y.shape[3]
     fmat = np.ascontiguousarray(f.reshape(k, c))
@@ -180,8 +194,10 @@ def pointwise_forward(
         x, sh, sw = dense, 1, 1
     compiled = kernels("_kgemm") if _compiled_layer(x.dtype, (sh, sw), c, k, oh * ow) else None
     if compiled is not None:
-        _pointwise_compiled(compiled, x, fmat, bias, y)
-        return
+        residual, relu = (None, False) if epilogue is None else epilogue
+        mode = (compiled.ADD_RESIDUAL if residual is not None else 0) | (compiled.RELU if relu else 0)
+        _pointwise_compiled(compiled, x, fmat, bias, y, (residual, mode))
+        return True
     tasks = pointwise_tasks(n, oh, ow, k)
     ys = y.reshape(n, k, oh * ow)
     xs = x.reshape(n, c, -1)
@@ -194,6 +210,7 @@ def pointwise_forward(
             _multiply(fmat[k0:k1], src, ys[i, k0:k1, r0 * ow : r1 * ow], part)
 
     _pull(len(tasks), run)
+    return False
 
 
 def _compiled_layer(dtype: Any, stride: tuple[int, int], c: int, k: int, pixels: int) -> bool:
@@ -208,9 +225,16 @@ def _compiled_layer(dtype: Any, stride: tuple[int, int], c: int, k: int, pixels:
 
 
 def _pointwise_compiled(
-    compiled: Any, x: FloatArray, fmat: FloatArray, bias: FloatArray | None, y: FloatArray
+    compiled: Any,
+    x: FloatArray,
+    fmat: FloatArray,
+    bias: FloatArray | None,
+    y: FloatArray,
+    epilogue: tuple[FloatArray | None, int],
 ) -> None:
     """:func:`pointwise_forward` at stride 1 on the compiled product, the filter packed once per call.
+
+    ``epilogue``: the residual (or None) and the kernel's epilogue mode bits.
 
     Where every task multiplies the whole image (one image split by output channels)
     each task packs its own filter panels; otherwise the caller packs them all first.
@@ -229,6 +253,8 @@ def _pointwise_compiled(
     if not in_task:
         compiled.pack_filter(flat_f, c, start, k, c, rows, packed, pbias)
     flat_y, flat_x = y.reshape(-1), x.reshape(-1)
+    residual, mode = epilogue
+    flat_r = flat_y if residual is None else residual
     block = compiled.pixel_block(min(c, KERNEL_CHUNK))
 
     def run(items: Iterator[int]) -> None:
@@ -242,6 +268,7 @@ def _pointwise_compiled(
             compiled.product_packed(
                 packed, pbias, k0 // rows, k1 - k0, c, flat_x, i * c * pixels + r0 * ow, pixels,
                 flat_y, (i * k + k0) * pixels + r0 * ow, pixels, (r1 - r0) * ow, block, KERNEL_CHUNK,
+                flat_r, mode,
             )  # fmt: skip
 
     parallel_pull(len(tasks), run)  # no BLAS call: its thread limit need not be taken

@@ -73,7 +73,8 @@ with ``computehal bench`` (ratios in the module docstrings of each algorithm):
   backend, interleaved, 20th percentile of 40 calls: the stem 2.33 vs 2.47 ms, 64
   channels at 56x56 1.30 vs 1.36, 128 at 28x28 1.83 vs 1.88; 256 at 14x14 equal).
   im2col with its output checked afterwards applies it after the check (an output
-  NaN must still be seen), and 1x1 convolutions after the product.
+  NaN must still be seen); 1x1 convolutions on the compiled product as it stores (with
+  a residual too, :func:`._conv_gemm.pointwise_forward`), on BLAS after the product.
 * im2col multiplies padding zeros by the filter, so a filter holding inf or NaN must go
   to the exact algorithm; that is checked on whichever is smaller, the filter before or
   the output after (:func:`_im2col_checked`). Scanning the 9.4 MB filter of ResNet's
@@ -324,8 +325,8 @@ def fast_forward(
     """
     algorithm = forward_algorithm(p, f)
     if algorithm == "pointwise":
-        pointwise_forward(x, f, bias, y, p.sh, p.sw)
-        if relu:
+        # The compiled 1x1 product applies the ReLU as it stores; BLAS's path leaves it.
+        if not pointwise_forward(x, f, bias, y, p.sh, p.sw, (None, True) if relu else None) and relu:
             relu_in_place(y)
         return True
     pads = (p.ph, p.pw)
