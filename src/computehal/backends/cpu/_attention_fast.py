@@ -1,7 +1,7 @@
 """Attention through the compiled query-block kernel of :mod:`._kattention`.
 
 One task per (batch, head, block of query rows), pulled by the worker threads, each
-with single-threaded BLAS and its own scratch (kept between calls). Causal tasks are
+with its own scratch (kept between calls; the kernel's products are compiled, no BLAS). Causal tasks are
 ordered longest first (later query blocks see more keys), so the last tasks pulled are
 the short ones. An additive mask is read in place through its element strides (0
 along its broadcast dimensions). Calls whose values hold inf or NaN are left to the
@@ -17,7 +17,7 @@ import numpy as np
 
 from ... import validation as v
 from ._plumbing import CpuPlumbing
-from ._runtime import kernels, parallel_pull, parallel_ranges, single_threaded_blas
+from ._runtime import kernels, parallel_pull, parallel_ranges
 from ._scratch import thread_scratch
 
 __all__ = ["fast_attention"]
@@ -46,7 +46,7 @@ def fast_attention(p: v.AttentionProblem, block_q: int, block_kv: int) -> bool:
     if p.dtype != np.float32 or p.head_dim == 0:
         return False
     kern: Any = kernels("_kattention")
-    if kern is None or kernels("_winograd") is None:
+    if kern is None or kernels("_winograd") is None or kernels("_kdense") is None:
         return False
     dt = p.dtype
     view = CpuPlumbing._array
@@ -79,6 +79,5 @@ def fast_attention(p: v.AttentionProblem, block_q: int, block_kv: int) -> bool:
                 mask, flat_mask is not None,
             )  # fmt: skip
 
-    with single_threaded_blas():
-        parallel_pull(len(tasks), run)
+    parallel_pull(len(tasks), run)
     return True
