@@ -47,6 +47,22 @@ thread on two-pass columns beside one on panels 0.36-0.41; panels of 48 to 256 c
 prefetch distances of 0 to 160 rows, or two prefetched lines per segment: within noise;
 prefetching the next panel during the write-out: 3 times slower (a prefetch that
 misses holds a fill buffer until its line arrives).
+
+Measured again (session 6, 4096 x 4096 over axis 0, huge pages, variants interleaved):
+both threads are used (each takes half of the 43 panels; each thread's CPU time is half
+the one-thread run's), but with the machine shared the two-thread wall time matched one
+thread's (20-21 ms against a 10-11 ms two-thread copy), as did the row kernel's and the
+copy's own. On one thread the panel kernel's time splits into reading the panels
+(strided rows into cache with the maxima: 0.47 ns per element, a whole copy's time),
+the exponentials (0.28) and the streamed write-out (0.30), which do not overlap; in
+cache the same phases take 0.29, 0.24 and 0.20 (the row kernel's three passes together
+0.6), so the columns cost about 1.25-1.5 times the rows' work per element whatever the
+memory does. Tried and not kept: prefetching the next block's rows during the
+exponentials (10 % slower); reading the next panel while writing the previous one out
+in one loop, double-buffered panels of 32-64 columns (slower: 31 against 27 ms); the
+write-out's product streamed straight from registers without the L1 row (2-3 %, within
+noise); per-row views replaced by flat indices (no change); pulling panels dynamically
+instead of two static halves (no change).
 """
 
 from __future__ import annotations
