@@ -29,10 +29,11 @@ with ``computehal bench`` (ratios in the module docstrings of each algorithm):
   or small images (the 7x7 stride-2 stem, 256 / 512 channels at 14x14 / 7x7): im2col
   blocks that stay in cache, batched over small images (:mod:`._conv_gemm`); the
   per-tap GEMMs of the general path run at half its rate on 7x7 images. With few output
-  pixels in all (batch 1 from 28x28 down, 512 channels at 7x7 at batch 8), the columns
-  are built once and the threads split the GEMM by output channels instead of reading
-  the whole filter matrix each (CPU time against a one-thread sgemm, 512 channels at
-  7x7, batch 8: 0.70 vs 0.61 by pixel blocks; F(2x2, 3x3) 0.62, its 16 C K transformed
+  pixels in all (under 256 a thread: batch 1 from 14x14 down, 512 channels at 7x7 at
+  batch 8; see :data:`._conv_gemm.SHARED_PIXELS`), the columns are built once and the
+  threads split the GEMM by output channels instead of reading the whole filter matrix
+  each (CPU time against a one-thread sgemm, 512 channels at 7x7, batch 8: 0.70 vs 0.61
+  by pixel blocks; F(2x2, 3x3) 0.62, its 16 C K transformed
   filter written and read back every call; per-tap GEMMs 0.26). A bias is written
   into the output before the GEMM adds to it (the stem's small filter is instead copied
   with the bias as one more column): copying the 512-channel filter for its bias was a
