@@ -15,9 +15,11 @@ with ``computehal bench`` (ratios in the module docstrings of each algorithm):
   once (OpenBLAS zeroes C, then reads and writes it again). CPU time on one core, best
   of 11, batch 8: 64 -> 256 channels at 56x56 123-135 vs 101-109 GFLOP/s, 64 -> 64
   114-117 vs 102-108 (with the earlier 8 x 2 tile; the 8 x 3 tile over a packed filter
-  gained 10-15 % more, see :mod:`._kgemm`). Deeper products with at most 64 output channels over wide pixel
-  blocks (256 -> 64 at 56x56) run on it too, in depth slices of 64 (86 vs 74); other
-  deep products stay on BLAS, which runs them faster (256 -> 1024 at 14x14: 122 vs 108).
+  gained 10-15 % more, see :mod:`._kgemm`). Stride-1 float32 layers with at most 64
+  input channels or at least 128 pixels per image now run whole on it (the filter
+  packed once per call, narrow tiles for the last pixels of 14x14 images, the residual
+  and ReLU applied as it stores); BLAS keeps 7x7 images and strided layers of several
+  images (see :mod:`._conv_gemm` for the figures).
 * 3x3 stride-1 convolutions (one group, no dilation, at least :data:`WINOGRAD_MIN_CHANNELS`
   channels in and out, :data:`WINOGRAD_MIN_MACS` multiply-adds or more, at least
   :data:`WINOGRAD_MIN_TILES` output tiles), float32: Winograd F(4x4, 3x3)
