@@ -68,8 +68,7 @@ with ``computehal bench`` (ratios in the module docstrings of each algorithm):
   at 14x14) measured slower (2.19 vs 1.93 ms, CPU time 3.56 vs 2.71: its transform and
   rearrangement are a quarter of the work, against a fifth for F(4x4, 3x3)), and so
   did running its cached ``U`` by output-channel blocks (CPU time 3.1-3.2 ms: every
-  block's GEMMs pack ``V`` again); it stays cached and by position, with the filter
-  comparison pulled beside the input transform (0.2 ms of serial ``memcmp`` before).
+  block's GEMMs pack ``V`` again); it stays cached and by position.
 * A lone ReLU after the convolution (ResNet's, folded by the ONNX runner) is applied by
   the Winograd output transforms, the im2col tasks and the direct kernel to each block
   as they store it, instead of a pass over the whole output afterwards (through the

@@ -9,8 +9,7 @@ No write to device memory is tracked (host views, borrowed memory and DLPack exp
 can change a filter behind the backend's back), so an entry is never trusted by its
 address: it holds a copy of the filter's bytes, and :func:`lookup` hands ``U`` out only
 after comparing the filter with that copy (``memcmp``, a read of twice the filter,
-about a twentieth of the transform's cost; or in chunks by the caller, :func:`candidate` and
-:func:`same`, beside other work). Whatever happened to the memory in between
+about a twentieth of the transform's cost). Whatever happened to the memory in between
 (written, freed, reallocated), ``U`` is used only for exactly the filter it was made
 from.
 
@@ -31,7 +30,7 @@ import numpy as np
 
 from ._plumbing import FloatArray
 
-__all__ = ["CACHE_BYTES", "candidate", "chunks", "clear", "lookup", "same", "seen_before", "store"]
+__all__ = ["CACHE_BYTES", "clear", "lookup", "seen_before", "store"]
 
 #: Most bytes of filter copies and transformed filters held (ResNet-50's 3x3 layers at
 #: F(4x4, 3x3) take about 230 MB).
@@ -72,31 +71,6 @@ def lookup(f: FloatArray, tile: int) -> FloatArray | None:
     if _memcmp(copy.ctypes.data, f.ctypes.data, f.nbytes) != 0:
         return None
     return u
-
-
-def candidate(f: FloatArray, tile: int) -> tuple[FloatArray, FloatArray] | None:
-    """The stored (copy of the filter's bytes, ``U``) under ``f``'s address and shape, not yet compared.
-
-    ``U`` may be used for ``f`` only once :func:`same` has found every byte of ``f``
-    equal to the copy (the caller compares in chunks, in parallel with other work).
-    """
-    key = _key(f, tile)
-    with _lock:
-        entry = _entries.get(key)
-        if entry is not None:
-            _entries.move_to_end(key)
-    return entry
-
-
-def chunks(f: FloatArray, count: int) -> list[tuple[int, int]]:
-    """``count`` byte ranges ``(lo, hi)`` covering ``f``, for :func:`same`."""
-    size = f.nbytes
-    return [(size * i // count, size * (i + 1) // count) for i in range(count)]
-
-
-def same(copy: FloatArray, f: FloatArray, lo: int, hi: int) -> bool:
-    """True when bytes ``[lo, hi)`` of ``f`` (C-contiguous) equal those of ``copy``."""
-    return hi <= lo or _memcmp(copy.ctypes.data + lo, f.ctypes.data + lo, hi - lo) == 0
 
 
 def seen_before(f: FloatArray, tile: int) -> bool:
