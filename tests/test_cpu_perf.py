@@ -385,6 +385,30 @@ def test_softmax_kernels_special_values_and_in_place(log: bool) -> None:
         _assert_softmax(panel, x, 0, log)
 
 
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_panel_across_blocks(log: bool) -> None:
+    """The panel kernel over more rows than its blocks: columns -inf for whole blocks, a
+    maximum growing block after block, NaN and +inf late; in place and out of place."""
+    import computehal.backends.cpu._ksoftmax as S
+
+    rows = 2 * S.PANEL_BLOCK_ROWS + 70
+    rng = np.random.default_rng(23)
+    x = rng.standard_normal((rows, 37)).astype(F32)
+    x[: S.PANEL_BLOCK_ROWS + 2, 3] = -np.inf  # -inf blocks, then finite values
+    x[:, 4] = np.arange(rows, dtype=F32) * F32(0.05)  # every block's maximum above the last
+    x[:, 5] = -np.inf
+    x[rows - 3, 6], x[rows - 5, 7] = np.nan, np.inf
+    x[S.PANEL_BLOCK_ROWS + 9, 8] = 80.0  # a late maximum far above the earlier blocks
+    for stream in (False, True):
+        got = x.copy()
+        S.softmax_panel(got, got, 0, 37, log, np.empty((rows, 37), dtype=F32), _work(37), stream)
+        _assert_softmax(got, x, 0, log)
+        out = np.full_like(x, 7.0)
+        S.softmax_panel(x, out, 5, 30, log, np.empty((rows, 25), dtype=F32), _work(25), stream)
+        _assert_softmax(out[:, 5:30], x[:, 5:30], 0, log)
+        assert (out[:, :5] == 7.0).all() and (out[:, 30:] == 7.0).all()
+
+
 # --------------------------------------------------------------------------- attention kernel
 
 
