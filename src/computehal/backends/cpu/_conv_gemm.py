@@ -19,8 +19,22 @@
   28x28 0.81, 512 -> 128 0.81, 256 -> 1024 at 14x14 0.95, 1024 -> 256 0.87 (on a quiet
   minute 256 -> 1024 took 0.51 ms, 200 GFLOP/s). The kernel also applies a fused
   residual and ReLU as it stores (the ``epilogue`` of :func:`pointwise_forward`). At
-  7x7 (49 pixels, 77 % of the kernel's lanes used) BLAS stays faster (one core:
+  7x7 (49 pixels, 77 % of the kernel's lanes used) BLAS is faster (one core:
   512 -> 2048 88 vs 73 GFLOP/s).
+* One image of at most :data:`DENSE_MAX_PIXELS` pixels with more than 64 input
+  channels (ResNet-50's 7x7 stage, and its 1024 -> 2048 stride-2 projection once
+  gathered) runs on the dense-layer product instead (:func:`_pointwise_dense`,
+  :mod:`._kdense`): the filter rows are its activation rows, read in place, and the
+  image [C, P] its weight panel, so nothing is packed; each task starts its block of
+  output channels from the bias and adds the residual / applies ReLU to it while it is
+  in cache. One thread, a task's 512 x C block (cold: a 64 MB pass between calls), CPU
+  time best of 9: 512 -> 2048 at 7x7 351-503 us vs BLAS's 480-627; warm 108-113 vs
+  101-108 GFLOP/s. Multiplying the filter transposed into 64-column panels instead (the
+  kernel's full lanes: 134 vs BLAS's 108 GFLOP/s warm) lost to the transposition (260 us
+  per task) or, cached, to checking the filter's bytes (a cold 1 MB ``memcmp`` 260 us).
+  Through the backend, two workers, interleaved (best / median of 20, GFLOP/s, busy
+  machine): 512 -> 2048 at 7x7 86.8 / 83.9 vs BLAS 78.6 / 76.6, 2048 -> 512 93.1 /
+  86.9 vs 75.5 / 72.1, 1024 -> 2048 stride 2 from 14x14 113 / 51.5 vs 92.6 / 37.6.
 * A strided 1x1 layer on one image is gathered once into scratch and then multiplied as
   a stride-1 one: its tasks split the output channels and each had gathered the same
   pixels (ResNet-50's projections at batch 1, two workers: 0.95-0.99 of the time).
@@ -109,6 +123,10 @@ KERNEL_MIN_WIDTH = 1024
 KERNEL_TASKS_PER_THREAD = 2
 #: Fewest pixels per image of a deep stride-1 1x1 layer for the compiled product.
 KERNEL_MIN_PIXELS = 128
+#: Most pixels of one image whose deep 1x1 layer runs on the dense-layer product (:func:`_pointwise_dense`).
+DENSE_MAX_PIXELS = 64
+#: Tasks per thread of :func:`_pointwise_dense`.
+DENSE_TASKS_PER_THREAD = 2
 
 
 def row_blocks(n: int, oh: int, ow: int) -> list[tuple[int, int, int]]:
@@ -192,9 +210,13 @@ def pointwise_forward(
         dense = thread_scratch("pointwise-image", size, x.dtype)[:size].reshape(1, c, oh, ow)
         dense[...] = x[:, :, : (oh - 1) * sh + 1 : sh, : (ow - 1) * sw + 1 : sw]
         x, sh, sw = dense, 1, 1
+    residual, relu = (None, False) if epilogue is None else epilogue
+    product = kernels("_kdense") if _dense_layer(x.dtype, (sh, sw), n, c, oh * ow) else None
+    if product is not None:
+        _pointwise_dense(product, x, fmat, bias, y, residual, relu)
+        return True
     compiled = kernels("_kgemm") if _compiled_layer(x.dtype, (sh, sw), c, k, oh * ow) else None
     if compiled is not None:
-        residual, relu = (None, False) if epilogue is None else epilogue
         mode = (compiled.ADD_RESIDUAL if residual is not None else 0) | (compiled.RELU if relu else 0)
         _pointwise_compiled(compiled, x, fmat, bias, y, (residual, mode))
         return True
@@ -222,6 +244,52 @@ def _compiled_layer(dtype: Any, stride: tuple[int, int], c: int, k: int, pixels:
     if dtype != np.float32 or stride != (1, 1):
         return False
     return c <= KERNEL_MAX_DEPTH or pixels >= KERNEL_MIN_PIXELS
+
+
+def _dense_layer(dtype: Any, stride: tuple[int, int], n: int, c: int, pixels: int) -> bool:
+    """True when :func:`_pointwise_dense` takes this (gathered) 1x1 layer: one small deep float32 image."""
+    small = n == 1 and c > KERNEL_MAX_DEPTH and pixels <= DENSE_MAX_PIXELS
+    return dtype == np.float32 and stride == (1, 1) and small
+
+
+def _pointwise_dense(
+    dense: Any,
+    x: FloatArray,
+    fmat: FloatArray,
+    bias: FloatArray | None,
+    y: FloatArray,
+    residual: FloatArray | None,
+    relu: bool,
+) -> None:
+    """One small image's 1x1 layer on the dense-layer product (:mod:`._kdense`), split by output channels.
+
+    Each task computes ``y[k0:k1]`` (P pixels, contiguous) ``= fmat[k0:k1] @ x`` with the
+    filter rows as the kernel's activation rows (read in place, no packing) and the image
+    [C, P] as its weight panel (rows of P floats), starting from the bias written into its
+    block; then adds the residual and applies ReLU over the same block while it is in cache.
+    """
+    c, pixels = x.shape[1], x.shape[2] * x.shape[3]
+    k = y.shape[1]
+    tasks = pointwise_tasks(1, x.shape[2], x.shape[3], k, DENSE_TASKS_PER_THREAD, dense.ROWS)
+    flat_f, flat_x, flat_y = fmat.reshape(-1), x.reshape(-1), y.reshape(-1)
+    fuse = kernels("_kepilogue") if residual is not None or relu else None
+
+    def run(items: Iterator[int]) -> None:
+        for t in items:
+            k0, k1 = tasks[t][3], tasks[t][4]
+            lo, hi = k0 * pixels, k1 * pixels
+            if bias is not None:
+                flat_y[lo:hi].reshape(k1 - k0, pixels)[...] = bias[k0:k1, None]
+            dense.product(
+                flat_f[k0 * c :], c, 1, flat_x, 0, pixels, flat_y, lo, pixels,
+                k1 - k0, c, pixels, bias is not None, 0,
+            )  # fmt: skip
+            if fuse is not None and residual is not None:
+                (fuse.add_relu_into if relu else fuse.add_into)(flat_y[lo:hi], residual[lo:hi])
+            elif fuse is not None:
+                fuse.relu_into(flat_y[lo:hi])
+
+    parallel_pull(len(tasks), run)  # no BLAS call: its thread limit need not be taken
 
 
 def _pointwise_compiled(
