@@ -111,3 +111,33 @@ def test_backend_dense_pointwise(cpu_backend: CpuBackend) -> None:
         finally:
             for ptr in ptrs:
                 be.free(ptr)
+
+
+ROWS_SHAPES = [(13, 70, 49), (6, 1, 5), (9, 800, 64), (2, 33, 130), (1, 5, 17)]
+
+
+@pytest.mark.parametrize("rows, depth, width", ROWS_SHAPES)
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_product_rows_matches_float64(rows: int, depth: int, width: int, accumulate: bool) -> None:
+    """The dense-layer product over whole rows: y (+)= x @ w at offsets, nothing written outside y's rows."""
+    from computehal.backends.cpu import _kdense as kd
+
+    rng = np.random.default_rng(rows * depth + width)
+    x = rng.standard_normal(3 + rows * depth).astype(F32)
+    w = rng.standard_normal((depth, width)).astype(F32)
+    y_ld, y_off = width + 3, 5
+    y = rng.standard_normal(y_off + rows * y_ld + 7).astype(F32)
+    before = y.copy()
+    kd.product_rows(x, 3, w.reshape(-1), width, y, y_off, y_ld, rows, depth, width, accumulate)
+    xm = x[3:].reshape(rows, depth).astype(np.float64)
+    want = xm @ w.astype(np.float64)
+    mag = np.abs(xm) @ np.abs(w.astype(np.float64))
+    view = y[y_off : y_off + rows * y_ld].reshape(rows, y_ld)
+    start = before[y_off : y_off + rows * y_ld].reshape(rows, y_ld)[:, :width].astype(np.float64)
+    if accumulate:
+        want, mag = want + start, mag + np.abs(start)
+    assert np.all(np.abs(view[:, :width] - want) <= 2.0 * (depth + 2) * EPS * mag)
+    outside = np.ones(y.size, dtype=bool)
+    outside[y_off : y_off + rows * y_ld] = False
+    outside[y_off : y_off + rows * y_ld] = np.tile(np.arange(y_ld) >= width, rows)
+    np.testing.assert_array_equal(y[outside], before[outside])

@@ -34,7 +34,13 @@
   per task) or, cached, to checking the filter's bytes (a cold 1 MB ``memcmp`` 260 us).
   Through the backend, two workers, interleaved (best / median of 20, GFLOP/s, busy
   machine): 512 -> 2048 at 7x7 86.8 / 83.9 vs BLAS 78.6 / 76.6, 2048 -> 512 93.1 /
-  86.9 vs 75.5 / 72.1, 1024 -> 2048 stride 2 from 14x14 113 / 51.5 vs 92.6 / 37.6.
+  86.9 vs 75.5 / 72.1, 1024 -> 2048 stride 2 from 14x14 113 / 51.5 vs 92.6 / 37.6;
+  in ResNet-50 at batch 1 (interleaved runs of one session, best of 11, very busy
+  machine) 1.64 vs 2.09 ms, 1.39 vs 1.83, 4.29 vs 5.76. The product then prefetches the
+  next tile's filter rows while a tile runs, over the whole depth
+  (:func:`._kdense.product_rows`): one task, one thread, best / median of 15, cold:
+  512 -> 2048 442 / 486 us vs 551 / 566 without (BLAS 632 / 705), 2048 -> 512 495 / 532
+  vs 508 / 525 (635 / 706), 1024 -> 2048 832 / 876 vs 864 / 966 (1066 / 1201).
 * A strided 1x1 layer on one image is gathered once into scratch and then multiplied as
   a stride-1 one: its tasks split the output channels and each had gathered the same
   pixels (ResNet-50's projections at batch 1, two workers: 0.95-0.99 of the time).
@@ -280,10 +286,9 @@ def _pointwise_dense(
             lo, hi = k0 * pixels, k1 * pixels
             if bias is not None:
                 flat_y[lo:hi].reshape(k1 - k0, pixels)[...] = bias[k0:k1, None]
-            dense.product(
-                flat_f[k0 * c :], c, 1, flat_x, 0, pixels, flat_y, lo, pixels,
-                k1 - k0, c, pixels, bias is not None, 0,
-            )  # fmt: skip
+            dense.product_rows(
+                flat_f, k0 * c, flat_x, pixels, flat_y, lo, pixels, k1 - k0, c, pixels, bias is not None
+            )
             if fuse is not None and residual is not None:
                 (fuse.add_relu_into if relu else fuse.add_into)(flat_y[lo:hi], residual[lo:hi])
             elif fuse is not None:

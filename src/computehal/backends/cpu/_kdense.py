@@ -20,6 +20,12 @@ everything in cache. Read in place from one wide row-major matrix it is slower t
 OpenBLAS (rows 12 KB apart share cache sets: 35 GFLOP/s at 3072 columns), which is why
 plain GEMMs stay on BLAS.
 
+:func:`product_rows` runs the same tiles over the whole depth for ``x`` of contiguous
+rows streamed from memory (a convolution's filter rows, ``w`` an image's pixels: the 1x1
+layers of small images), the tiles' prefetch hints pointed at the next tile's rows of
+``x``: ResNet-50's 512 -> 2048 1x1 layer at 7x7, a 512-channel block, one thread, cold,
+442 us against 551 us with :func:`product` (BLAS 632 us).
+
 Products are summed in order over the depth with fused multiply-adds; ``accumulate``
 starts from the values in ``y`` (BLAS ``beta = 1``), otherwise ``y`` is only written
 (``beta = 0``: what ``y`` held, NaN included, is never read).
@@ -42,7 +48,7 @@ from numba.extending import intrinsic
 from ._llvm import TileIR
 from ._nb import jit
 
-__all__ = ["CHUNK", "PANEL", "ROWS", "batched", "product", "warm_up"]
+__all__ = ["CHUNK", "PANEL", "ROWS", "batched", "product", "product_rows", "warm_up"]
 
 #: Rows of ``y`` in a register tile.
 ROWS = 6
@@ -56,8 +62,11 @@ PANEL = VECTORS * LANES
 CHUNK = 768
 
 
-def _tile_intrinsic(rows: int, accumulate: bool) -> Any:
-    """The register tile of ``rows`` rows of ``y`` by :data:`VECTORS` vectors of columns."""
+def _tile_intrinsic(rows: int, accumulate: bool, ahead_x: bool = False) -> Any:
+    """The register tile of ``rows`` rows of ``y`` by :data:`VECTORS` vectors of columns.
+
+    ``ahead_x``: the prefetch hint's offsets are into ``x`` instead of ``w``.
+    """
 
     @intrinsic
     def tile(typingctx, x, x_off, x_rs, x_cs, w, w_off, w_ld, depth, width, y, y_off, y_ld, pf_off, pf_ld):
@@ -74,20 +83,22 @@ def _tile_intrinsic(rows: int, accumulate: bool) -> Any:
         sig = types.void(x, x_off, x_rs, x_cs, w, w_off, w_ld, depth, width, y, y_off, y_ld, pf_off, pf_ld)
 
         def codegen(context, builder, signature, args):
-            return _tile_code(context, builder, signature, args, rows, accumulate)
+            return _tile_code(context, builder, signature, args, rows, accumulate, ahead_x)
 
         return sig, codegen
 
     return tile
 
 
-def _tile_code(context: Any, builder: Any, signature: Any, args: Any, rows: int, accumulate: bool) -> Any:
+def _tile_code(
+    context: Any, builder: Any, signature: Any, args: Any, rows: int, accumulate: bool, ahead_x: bool
+) -> Any:
     t = TileIR(context, builder, signature, args)
     vec, i64, i32, i8p = t.vec, t.i64, t.i32, ir.IntType(8).as_pointer()
     xp, x_rs, x_cs = t.at(0, 1), t.index(2), t.index(3)
     wp, w_ld, depth, width = t.at(4, 5), t.index(6), t.index(7), t.index(8)
     yp, y_ld = t.at(9, 10), t.index(11)
-    pfp, pf_ld = t.at(4, 12), t.index(13)
+    pfp, pf_ld = t.at(0 if ahead_x else 4, 12), t.index(13)
     load, store, fma, prefetch, zero = t.load, t.store, t.fma, t.prefetch, t.zero
     splat, vector_at = t.splat, t.vector_at
     lanes = ir.Constant(ir.VectorType(i64, LANES), list(range(LANES)))
@@ -129,6 +140,12 @@ _set_row = _tile_intrinsic(1, False)
 _add_block = _tile_intrinsic(ROWS, True)
 _add_pair = _tile_intrinsic(2, True)
 _add_row = _tile_intrinsic(1, True)
+_ahead_set_block = _tile_intrinsic(ROWS, False, True)
+_ahead_set_pair = _tile_intrinsic(2, False, True)
+_ahead_set_row = _tile_intrinsic(1, False, True)
+_ahead_add_block = _tile_intrinsic(ROWS, True, True)
+_ahead_add_pair = _tile_intrinsic(2, True, True)
+_ahead_add_row = _tile_intrinsic(1, True, True)
 
 
 @jit
@@ -180,6 +197,39 @@ def product(x, x_rs, x_cs, w, w_off, w_ld, y, y_off, y_ld, rows, depth, width, a
             else:
                 ahead = w_off + p + PANEL if p + PANEL < width else after
             _rows(x, d0 * x_cs, x_rs, x_cs, w, wi, w_ld, d, n, y, y_off + p, y_ld, rows, add, ahead)
+
+
+@jit
+def product_rows(x, x_off, w, w_ld, y, y_off, y_ld, rows, depth, width, accumulate):
+    """``y[y_off + i y_ld + p] (+)= sum_r x[x_off + i depth + r] w[r w_ld + p]`` over the whole depth.
+
+    For ``i < rows``, ``p < width``, ``r < depth`` (>= 1): ``x``'s rows contiguous and
+    back to back (a block of filter rows, streamed from memory once), ``w`` small (an
+    image's pixels, kept in cache); ``accumulate`` adds to ``y`` (a bias written there). While a
+    tile runs, each inner step asks for the next tile's ``x`` rows (:data:`ROWS` floats a
+    step cover them), which no hardware prefetcher follows across the tile's rows.
+    """
+    for p in range(0, width, PANEL):
+        n = min(PANEL, width - p)
+        i = 0
+        while i < rows:
+            left = rows - i
+            step = ROWS if left >= ROWS else 2 if left >= 2 else 1
+            xr, yr = x_off + i * depth, y_off + p + i * y_ld
+            pf = x_off + min(i + step, rows - 1) * depth
+            if step == ROWS and accumulate:
+                _ahead_add_block(x, xr, depth, 1, w, p, w_ld, depth, n, y, yr, y_ld, pf, ROWS)
+            elif step == ROWS:
+                _ahead_set_block(x, xr, depth, 1, w, p, w_ld, depth, n, y, yr, y_ld, pf, ROWS)
+            elif step == 2 and accumulate:
+                _ahead_add_pair(x, xr, depth, 1, w, p, w_ld, depth, n, y, yr, y_ld, pf, 2)
+            elif step == 2:
+                _ahead_set_pair(x, xr, depth, 1, w, p, w_ld, depth, n, y, yr, y_ld, pf, 2)
+            elif accumulate:
+                _ahead_add_row(x, xr, depth, 1, w, p, w_ld, depth, n, y, yr, y_ld, pf, 1)
+            else:
+                _ahead_set_row(x, xr, depth, 1, w, p, w_ld, depth, n, y, yr, y_ld, pf, 1)
+            i += step
 
 
 @jit
