@@ -25,10 +25,9 @@ from ... import validation as v
 from ...types import UnaryOp
 from ._blas import gemm_at
 from ._conv_algorithms import Geometry, col2im, conv_s1, conv_s1_filter_grad, im2col
-from ._conv_epilogue import apply_epilogue, relu_fusable, relu_in_place
+from ._conv_epilogue import apply_epilogue, finish_epilogue
 from ._conv_exact import backward_data, backward_filter, forward
-from ._conv_gemm import pointwise_forward
-from ._conv_select import fast_backward_data, fast_backward_filter, fast_forward, pointwise_applies
+from ._conv_select import fast_backward_data, fast_backward_filter, fast_forward
 from ._plumbing import CpuPlumbing, FloatArray
 from ._runtime import PARALLEL_THRESHOLD, kernels, parallel_ranges
 
@@ -75,11 +74,6 @@ class ConvOps(CpuPlumbing):
         if not isinstance(p, v.ConvForwardProblem) or not p.has_epilogue:
             self._forward_into(p, x, f, y, bias)
             return
-        if relu_fusable(p):
-            # The shape-specific algorithms apply a lone ReLU as they store each block.
-            if not self._forward_into(p, x, f, y, bias, relu=True):
-                relu_in_place(y)
-            return
         if p.residual is not None and p.residual == p.y:
             # Accumulate in place: the convolution goes to scratch, then y = act(y + conv).
             conv = np.empty_like(y)
@@ -87,10 +81,9 @@ class ConvOps(CpuPlumbing):
             apply_epilogue(y.reshape(-1), conv.reshape(-1), p)
             return
         residual = None if p.residual is None else self._flat(p.residual, p.dtype)
-        if p.c and p.activation in (None, UnaryOp.RELU) and pointwise_applies(p):
-            # 1x1: the compiled product applies the epilogue as it stores (no second pass).
-            if not pointwise_forward(x, f, bias, y, p.sh, p.sw, (residual, p.activation is UnaryOp.RELU)):
-                apply_epilogue(y.reshape(-1), residual, p)
+        if p.activation in (None, UnaryOp.RELU) and kernels("_kepilogue") is not None:
+            # The shape-specific algorithms apply it as they store each block where they can.
+            self._forward_into(p, x, f, y, bias, (residual, p.activation is UnaryOp.RELU))
             return
         self._forward_into(p, x, f, y, bias)
         apply_epilogue(y.reshape(-1), residual, p)
@@ -102,19 +95,22 @@ class ConvOps(CpuPlumbing):
         f: FloatArray,
         y: FloatArray,
         bias: FloatArray | None,
-        relu: bool = False,
-    ) -> bool:
-        """``y`` = the convolution of ``x`` and ``f`` plus ``bias`` (``y`` may be scratch).
+        epilogue: tuple[FloatArray | None, bool] = (None, False),
+    ) -> None:
+        """``y`` = the convolution of ``x`` and ``f`` plus ``bias`` (``y`` may be scratch), then ``epilogue``.
 
-        ``relu``: a shape-specific algorithm may apply ReLU too; True when it has.
+        ``epilogue``: ``(residual, relu)``: ``y = relu(y + residual)`` (a 1-D residual laid out
+        as ``y``, or None); the shape-specific algorithms fuse it where they can.
         """
         if p.c == 0:
             y[...] = bias[None, :, None, None] if bias is not None else 0
-            return False
-        if fast_forward(p, x, f, y, bias, relu):
-            return relu
+            finish_epilogue(y, *epilogue)
+            return
+        if fast_forward(p, x, f, y, bias, epilogue):
+            return
         if p.depthwise and self._depthwise_forward(p, x, f, y, bias):
-            return False
+            finish_epilogue(y, *epilogue)
+            return
         g = _geometry(p)
         if p.depthwise or _padding_heavy(p) or (_padded(p) and not _finite(f)):
             forward(x, f, y, g, p.groups)
@@ -128,7 +124,7 @@ class ConvOps(CpuPlumbing):
                 )
         if bias is not None:
             y += bias[None, :, None, None]
-        return False
+        finish_epilogue(y, *epilogue)
 
     @staticmethod
     def _forward_group(p: v.ConvProblem, x: FloatArray, f: FloatArray, y: FloatArray) -> None:

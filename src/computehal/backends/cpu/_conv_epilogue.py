@@ -17,37 +17,45 @@ from ._elementwise import _UNARY, BLOCK
 from ._plumbing import FloatArray
 from ._runtime import kernels, parallel_ranges
 
-__all__ = ["apply_epilogue", "relu_fusable", "relu_in_place"]
+__all__ = ["apply_epilogue", "epilogue_range", "finish_epilogue", "relu_in_place"]
 
 
-def relu_fusable(p: v.ConvProblem) -> bool:
-    """True when the epilogue of ``p`` is a ReLU alone (the algorithms may apply it as they store)."""
-    return (
-        isinstance(p, v.ConvForwardProblem)
-        and p.residual is None
-        and p.activation is UnaryOp.RELU
-        and kernels("_kepilogue") is not None
-    )
+def epilogue_range(y: FloatArray, r: FloatArray | None, relu: bool) -> None:
+    """``y = relu(y + r)`` (or without ``r`` / ReLU) on 1-D float32 ranges, on this thread (compiled)."""
+    compiled = kernels("_kepilogue")
+    if r is None:
+        if relu:
+            compiled.relu_into(y)
+    elif relu:
+        compiled.add_relu_into(y, r)
+    else:
+        compiled.add_into(y, r)
+
+
+def finish_epilogue(y: FloatArray, r: FloatArray | None, relu: bool) -> None:
+    """:func:`epilogue_range` over a C-contiguous ``y`` of any shape, split over the threads.
+
+    ``r``: None or 1-D, laid out as ``y``.
+    """
+    if r is None and not relu:
+        return
+    flat = y.reshape(-1)
+    if r is None:
+        parallel_ranges(flat.size, lambda lo, hi: epilogue_range(flat[lo:hi], None, True))
+    else:
+        parallel_ranges(flat.size, lambda lo, hi: epilogue_range(flat[lo:hi], r[lo:hi], relu))
 
 
 def relu_in_place(y: FloatArray) -> None:
     """``y = relu(y)`` (NaN -> 0) over a C-contiguous ``y`` of any shape, split over the threads."""
-    flat = y.reshape(-1)
-    compiled = kernels("_kepilogue")
-    parallel_ranges(flat.size, lambda lo, hi: compiled.relu_into(flat[lo:hi]))
+    finish_epilogue(y, None, True)
 
 
 def apply_epilogue(y: FloatArray, r: FloatArray | None, p: v.ConvForwardProblem) -> None:
     """``y = p.activation(y + r)`` in place (1-D ``y``; ``r`` None or disjoint from ``y``)."""
     act = p.activation
-    compiled = kernels("_kepilogue") if act in (None, UnaryOp.RELU) else None
-    if compiled is not None:
-        if r is None:
-            parallel_ranges(y.size, lambda lo, hi: compiled.relu_into(y[lo:hi]))
-        elif act is UnaryOp.RELU:
-            parallel_ranges(y.size, lambda lo, hi: compiled.add_relu_into(y[lo:hi], r[lo:hi]))
-        else:
-            parallel_ranges(y.size, lambda lo, hi: compiled.add_into(y[lo:hi], r[lo:hi]))
+    if act in (None, UnaryOp.RELU) and kernels("_kepilogue") is not None:
+        finish_epilogue(y, r, act is UnaryOp.RELU)
         return
     fn = None if act is None else _UNARY[act]
     unary = None if act is None else v.ElementwiseProblem(act, y.size, p.y, None, p.y, p.dtype)

@@ -78,6 +78,7 @@ from typing import Any
 import numpy as np
 
 from ._blas import gemm_at
+from ._conv_epilogue import epilogue_range
 from ._plumbing import FloatArray
 from ._runtime import kernels, parallel_pull, single_threaded_blas, workers
 from ._scratch import thread_scratch
@@ -278,7 +279,6 @@ def _pointwise_dense(
     k = y.shape[1]
     tasks = pointwise_tasks(1, x.shape[2], x.shape[3], k, DENSE_TASKS_PER_THREAD, dense.ROWS)
     flat_f, flat_x, flat_y = fmat.reshape(-1), x.reshape(-1), y.reshape(-1)
-    fuse = kernels("_kepilogue") if residual is not None or relu else None
 
     def run(items: Iterator[int]) -> None:
         for t in items:
@@ -289,10 +289,7 @@ def _pointwise_dense(
             dense.product_rows(
                 flat_f, k0 * c, flat_x, pixels, flat_y, lo, pixels, k1 - k0, c, pixels, bias is not None
             )
-            if fuse is not None and residual is not None:
-                (fuse.add_relu_into if relu else fuse.add_into)(flat_y[lo:hi], residual[lo:hi])
-            elif fuse is not None:
-                fuse.relu_into(flat_y[lo:hi])
+            epilogue_range(flat_y[lo:hi], None if residual is None else residual[lo:hi], relu)
 
     parallel_pull(len(tasks), run)  # no BLAS call: its thread limit need not be taken
 

@@ -107,11 +107,13 @@ NumPy's / SciPy's BLAS instead.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ... import validation as v
 from ._conv_direct import direct_applies, direct_forward
-from ._conv_epilogue import relu_in_place
+from ._conv_epilogue import finish_epilogue, relu_in_place
 from ._conv_gemm import im2col_forward, pointwise_backward_data, pointwise_backward_filter, pointwise_forward
 from ._conv_winograd import (
     winograd_backward_data,
@@ -315,22 +317,41 @@ def winograd2_applies(p: v.ConvProblem) -> bool:
 
 
 def fast_forward(
-    p: v.ConvProblem, x: FloatArray, f: FloatArray, y: FloatArray, bias: FloatArray | None, relu: bool = False
+    p: v.ConvProblem,
+    x: FloatArray,
+    f: FloatArray,
+    y: FloatArray,
+    bias: FloatArray | None,
+    epilogue: tuple[FloatArray | None, bool] = (None, False),
 ) -> bool:
-    """``y`` = forward convolution (plus ``bias``, then ReLU if ``relu``) by a shape-specific algorithm.
+    """``y`` = forward convolution (plus ``bias``, then ``epilogue``) by a shape-specific algorithm.
 
+    ``epilogue``: ``(residual, relu)``, ``y = relu(y + residual)``; True means it was applied too.
     False leaves the problem to the general algorithms, which then overwrite ``y`` (an
-    im2col attempt that met a non-finite filter may have written it). The Winograd,
-    im2col and direct algorithms apply ReLU to each block of output as they store it
-    (the separate pass over ``y`` it replaces cost ResNet-50 at batch 1 about 0.1 ms
-    per 200 000 outputs).
+    im2col attempt that met a non-finite filter may have written it). The compiled 1x1
+    product applies the whole epilogue as it stores; the Winograd, im2col and direct
+    algorithms a lone ReLU, to each block of output as they store it (the separate pass
+    over ``y`` it replaces cost ResNet-50 at batch 1 about 0.1 ms per 200 000 outputs);
+    anything left runs as one pass afterwards.
     """
+    residual, relu = epilogue
     algorithm = forward_algorithm(p, f)
     if algorithm == "pointwise":
-        # The compiled 1x1 product applies the ReLU as it stores; BLAS's path leaves it.
-        if not pointwise_forward(x, f, bias, y, p.sh, p.sw, (None, True) if relu else None) and relu:
-            relu_in_place(y)
+        wanted = residual is not None or relu
+        if not pointwise_forward(x, f, bias, y, p.sh, p.sw, epilogue if wanted else None):
+            finish_epilogue(y, residual, relu)
         return True
+    fused = relu and residual is None
+    if not _fused_forward(p, algorithm, (x, f, bias, y), fused):
+        return False
+    if not fused:
+        finish_epilogue(y, residual, relu)
+    return True
+
+
+def _fused_forward(p: v.ConvProblem, algorithm: str, operands: tuple[Any, ...], relu: bool) -> bool:
+    """:func:`fast_forward` by ``algorithm`` (not the 1x1 product), ReLU applied as it stores if ``relu``."""
+    x, f, bias, y = operands
     pads = (p.ph, p.pw)
     streamed = algorithm == "winograd" and streamed_winograd_tile(p)
     if streamed:
