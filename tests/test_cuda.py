@@ -82,6 +82,12 @@ def _nvcc() -> str | None:
 
 NVRTC = _nvrtc_available()
 NVCC = _nvcc()
+# nvcc runs on a pool thread while the main thread's tests set environment variables.
+# A child started with vfork that reads the C `environ` while another thread reallocates
+# it fails with EFAULT ("[Errno 14] Bad address", seen once in CI), so the compiles pass
+# this snapshot, taken at import on the main thread: the child then gets an array that
+# its own thread built.
+_NVCC_ENV = dict(os.environ)
 
 
 # --------------------------------------------------------------------------- no GPU needed
@@ -310,7 +316,8 @@ def _nvcc_ptx(code: str, arch: str) -> str:
             "-o",
             str(out),
         ]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        # The environment goes in explicitly (see _NVCC_ENV).
+        result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=_NVCC_ENV)
         assert result.returncode == 0, f"nvcc failed:\n{result.stderr}"
         return out.read_text(encoding="utf-8")
 
