@@ -405,7 +405,7 @@ def test_pointwise_epilogue_matches_separate_passes(
 ) -> None:
     """The compiled 1x1 forward with its epilogue: bit for bit the convolution, then ``relu(y + r)``."""
     from computehal.backends.cpu import _kepilogue as separate
-    from computehal.backends.cpu._conv_gemm import pointwise_forward
+    from computehal.backends.cpu._conv_pointwise import pointwise_forward
 
     n, c, k, h, w = size
     rng = np.random.default_rng(5)

@@ -60,7 +60,7 @@ def test_dense_pointwise_matches_float64(
     shape: tuple[int, ...], bias: bool, residual: bool, relu: bool
 ) -> None:
     """pointwise_forward on the dense-layer path: the definition, its epilogue, nothing written past ``y``."""
-    from computehal.backends.cpu import _conv_gemm as cg
+    from computehal.backends.cpu import _conv_pointwise as cg
 
     c, k, hw, s = shape
     o = -(-hw // s)

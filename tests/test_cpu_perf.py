@@ -245,7 +245,7 @@ def test_im2col_forward_matches_direct_definition(shape: tuple[Any, ...], dtype:
 def test_pointwise_convolutions_match_direct_definition(
     stride: int, dtype: Any, size: tuple[int, ...]
 ) -> None:
-    from computehal.backends.cpu._conv_gemm import (
+    from computehal.backends.cpu._conv_pointwise import (
         pointwise_backward_data,
         pointwise_backward_filter,
         pointwise_forward,

@@ -7,7 +7,7 @@ results that never read it). The choices, measured against the machine's sgemm r
 with ``computehal bench`` (ratios in the module docstrings of each algorithm):
 
 * 1x1 convolutions without padding (one group): GEMMs on the images in place
-  (:mod:`._conv_gemm`), split into row blocks over the worker threads, all three passes;
+  (:mod:`._conv_pointwise`), split into row blocks over the worker threads, all three passes;
   the forward pass also splits the output channels where the pixels give fewer than two
   tasks per thread (batch 1 at 14x14 and 7x7 ran on one core before).
   Products of depth (input channels) 64 or less run on a compiled register-tile kernel
@@ -19,7 +19,7 @@ with ``computehal bench`` (ratios in the module docstrings of each algorithm):
   input channels or at least 128 pixels per image now run whole on it (the filter
   packed once per call, narrow tiles for the last pixels of 14x14 images, the residual
   and ReLU applied as it stores); BLAS keeps 7x7 images and strided layers of several
-  images (see :mod:`._conv_gemm` for the figures).
+  images (see :mod:`._conv_pointwise` for the figures).
 * 3x3 stride-1 convolutions (one group, no dilation, at least :data:`WINOGRAD_MIN_CHANNELS`
   channels in and out, :data:`WINOGRAD_MIN_MACS` multiply-adds or more, at least
   :data:`WINOGRAD_MIN_TILES` output tiles), float32: Winograd F(4x4, 3x3)
@@ -76,7 +76,7 @@ with ``computehal bench`` (ratios in the module docstrings of each algorithm):
   channels at 56x56 1.30 vs 1.36, 128 at 28x28 1.83 vs 1.88; 256 at 14x14 equal).
   im2col with its output checked afterwards applies it after the check (an output
   NaN must still be seen); 1x1 convolutions on the compiled product as it stores (with
-  a residual too, :func:`._conv_gemm.pointwise_forward`), on BLAS after the product.
+  a residual too, :func:`._conv_pointwise.pointwise_forward`), on BLAS after the product.
 * im2col multiplies padding zeros by the filter, so a filter holding inf or NaN must go
   to the exact algorithm; that is checked on whichever is smaller, the filter before or
   the output after (:func:`_im2col_checked`). Scanning the 9.4 MB filter of ResNet's
@@ -114,7 +114,8 @@ import numpy as np
 from ... import validation as v
 from ._conv_direct import direct_applies, direct_forward
 from ._conv_epilogue import finish_epilogue, relu_in_place
-from ._conv_gemm import im2col_forward, pointwise_backward_data, pointwise_backward_filter, pointwise_forward
+from ._conv_gemm import im2col_forward
+from ._conv_pointwise import pointwise_backward_data, pointwise_backward_filter, pointwise_forward
 from ._conv_winograd import (
     winograd_backward_data,
     winograd_backward_filter,
