@@ -301,19 +301,24 @@ _U = np.uint64
 
 
 @jit
-def _panel_block(x, c0, c1, r0, r1, panel, peak):
+def _panel_block(x, c0, c1, r0, r1, panel, peak, e0, safe, total, store):
     """Copy columns ``[c0, c1)`` of rows ``[r0, r1)`` of ``x`` into ``panel``; ``peak`` = their maxima.
 
-    NaN is passed over (the running value is never NaN). The row segments :data:`_AHEAD`
-    rows ahead are prefetched: a segment is a few lines, too short for the hardware's
-    stream detection, and the prefetches keep memory busy while a block is computed on.
+    With ``e0 >= 0``, each row copied is paired with row ``e0 + i`` of the previous block
+    of the panel, whose exponentials are taken in the same iteration (as
+    :func:`_block_exps`): the arithmetic runs while the copy's cache misses are in
+    flight instead of in a phase of its own. NaN is passed over in ``peak`` (the running
+    value is never NaN). The row segments :data:`_AHEAD` rows ahead are prefetched: a
+    segment is a few lines, too short for the hardware's stream detection, and the
+    prefetches keep memory busy while a block is computed on.
     """
     wide_vectors()
     length, width = x.shape
     w = c1 - c0
     xf, pf = x.reshape(-1), panel.reshape(-1)
     peak[:] = -_INF
-    for r in range(r0, r1):
+    for i in range(r1 - r0):
+        r = r0 + i
         if r + _AHEAD < length:
             for j in range(0, w, 16):
                 prefetch(xf, (r + _AHEAD) * width + c0 + j)
@@ -323,22 +328,39 @@ def _panel_block(x, c0, c1, r0, r1, panel, peak):
             v = xf[src + _U(j)]
             pf[dst + _U(j)] = v
             peak[j] = v if v > peak[j] else peak[j]
+        if e0 >= 0:
+            # _row_exps written out: called from here it ran 1.2-1.9 times slower.
+            row = panel[e0 + i]
+            if store:
+                for j in range(w):
+                    e = exp_fast(row[j] - safe[j])
+                    row[j] = e
+                    total[j] += e
+            else:
+                for j in range(w):
+                    total[j] += exp_fast(row[j] - safe[j])
+
+
+@jit
+def _row_exps(row, safe, total, store):
+    """``total[j] += exp(row[j] - safe[j])``; ``store``: the exponentials replace ``row``."""
+    wide_vectors()
+    if store:
+        for j in range(row.shape[0]):
+            e = exp_fast(row[j] - safe[j])
+            row[j] = e
+            total[j] += e
+    else:
+        for j in range(row.shape[0]):
+            total[j] += exp_fast(row[j] - safe[j])
 
 
 @jit
 def _block_exps(panel, r0, r1, safe, total, store):
-    """``total[j] += sum(exp(panel[r0:r1, j] - safe[j]))``; ``store``: the exponentials replace the rows."""
+    """:func:`_row_exps` over rows ``[r0, r1)`` of ``panel``."""
     wide_vectors()
     for r in range(r0, r1):
-        row = panel[r]
-        if store:
-            for j in range(row.shape[0]):
-                e = exp_fast(row[j] - safe[j])
-                row[j] = e
-                total[j] += e
-        else:
-            for j in range(row.shape[0]):
-                total[j] += exp_fast(row[j] - safe[j])
+        _row_exps(panel[r], safe, total, store)
 
 
 @jit
@@ -383,7 +405,8 @@ def softmax_panel(x, out, c0, c1, log, panel, work, stream):
     [length, c1 - c0], sized to stay in cache, where the rows' own stride could map them
     onto a few cache sets) and folded into running column maxima and sums of
     exponentials (online softmax, as :func:`softmax_columns`) while the next rows are
-    prefetched; softmax keeps each block's exponentials, relative to the running
+    prefetched, each block's exponentials taken in the loop that copies in the next
+    block (:func:`_panel_block`); softmax keeps each block's exponentials, relative to the running
     maximum of its time, in the panel. The results are then written out (with
     ``stream``, whole lines streamed where the rows are 64-byte aligned): each block's
     exponentials times ``exp(its maximum - the final one) / sum``, or for log-softmax
@@ -404,12 +427,16 @@ def softmax_panel(x, out, c0, c1, log, panel, work, stream):
     for b in range(blocks):
         r0 = b * PANEL_BLOCK_ROWS
         r1 = min(length, r0 + PANEL_BLOCK_ROWS)
-        _panel_block(x, c0, c1, r0, r1, panel, block)
+        # Block b is copied in while block b - 1's exponentials are taken, row by row; a
+        # shorter last block leaves the rest of block b - 1 to a pass of its own.
+        _panel_block(x, c0, c1, r0, r1, panel, block, r0 - PANEL_BLOCK_ROWS, safe, total, not log)
+        if b > 0:
+            _block_exps(panel, r0 - PANEL_BLOCK_ROWS + (r1 - r0), r0, safe, total, not log)
         _rescale(best, block, total, safe)
-        _block_exps(panel, r0, r1, safe, total, not log)
         if not log:
             shifts[b] = safe
             starts[b] = best
+    _block_exps(panel, (blocks - 1) * PANEL_BLOCK_ROWS, length, safe, total, not log)
     factor = np.empty((1 if log else blocks, w), dtype=_F)
     for j in range(w):
         # +inf or NaN in the column makes its sum NaN already; only -inf columns remain.

@@ -67,6 +67,21 @@ instead of stored (16 % slower); panels of 128 columns (2 MiB, the whole L2) 2-5
 faster, within noise. Kept: blocks of 512 rows instead of 64 between the copy-in and the
 exponentials (9-11 % less time for softmax, 2-5 % for log-softmax) and prefetching 40
 rows ahead instead of 80 (about 3 %), see :mod:`._ksoftmax`.
+
+Measured in session 7 (one thread's CPU time, the machine loaded, variants interleaved):
+the strided read with its maxima alone costs about a sequential read (4.1 against
+3.1-3.9 ms for 64 MiB); copying it into a 1.5 MiB panel costs 2.5-5 ms more, and the
+phases added up (read 9.4, exponentials 3.5, write-out 5.5 ms). Kept: each block's
+exponentials taken in the copy loop of the next block, row by row (the arithmetic runs
+while the copy's misses are in flight): 17.1 against 18.4 ms on one thread, 0.53 against
+0.49 of the copy ceiling on two (log-softmax 15.9 against 17.6, 0.55 against 0.51).
+Tried and not kept: an L1 stage of 16-64 rows with the exponentials stored into the
+panel once (18-20 ms); 2-pass strips of 256-1024 columns (0.19-0.37); two passes over
+whole rows per thread with the column statistics merged (log-softmax no faster, softmax
+slower: a second exponential per element); prefetching into L1 or non-temporally (no
+better; non-temporal 2.5 times slower); starting the second thread half a panel late,
+or both threads in lockstep (within noise). Two threads are no faster than one on this
+VM for the copy, the row kernel or the panels (the vCPUs share a core).
 """
 
 from __future__ import annotations
