@@ -299,6 +299,7 @@ def _winograd_shape(p: v.ConvProblem) -> bool:
         and p.c * p.k <= WINOGRAD_MAX_FILTER
         and p.n * p.oh * p.ow * p.c * p.k * 9 >= WINOGRAD_MIN_MACS
         and kernels("_winograd") is not None
+        and kernels("_kwinograd") is not None
     )
 
 

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from . import _winograd_cache as _cache
+from ._kwinograd import PANEL
 from ._plumbing import FloatArray
 from ._runtime import kernels, parallel_pull, parallel_ranges, single_threaded_blas, workers
 from ._scratch import thread_scratch
@@ -99,20 +100,32 @@ def _pull(count: int, body: Callable[[int], bool]) -> bool:
     return ok[0]
 
 
-def _transformed_filter(ft: FloatArray, tile: int = 4) -> FloatArray | None:
-    """``U`` [positions, Cin, Kout] of filters ``ft`` [Cin, 3, 3, Kout], or None if one is not finite."""
-    kern = kernels(_MODULE[tile])
-    cin, kout = ft.shape[0], ft.shape[3]
+def _transformed_filter(f: FloatArray, tile: int = 4) -> FloatArray | None:
+    """``U`` of filters ``f`` [K, C, 3, 3] in output-channel panels (:mod:`._kwinograd`), or None if one is not finite."""
+    kout, cin = f.shape[0], f.shape[1]
     size = (tile + 2) ** 2 * cin * kout
     u = thread_scratch("winograd-u", size)[:size]
-    finite = [True]
+    panels = _filter_blocks(kout, PANEL)
+    return u if _pull(len(panels), lambda i: _panel_transform(f, panels[i], tile, u)) else None
 
-    def run(c0: int, c1: int) -> None:
-        if not kern.filter_transform(ft, u, c0, c1, thread_scratch("winograd-g", 18 * kout)):
-            finite[0] = False
 
-    parallel_ranges(cin, run, grain=max(1, (1 << 15) // max(1, 9 * kout)))
-    return u if finite[0] else None
+def _panel_transform(f: FloatArray, channels: tuple[int, int], tile: int, u: FloatArray) -> bool:
+    """The panels of ``U`` for output channels ``[k0, k1)`` (multiples of :data:`PANEL` apart from ``k1``).
+
+    ``u`` holds the panels of all ``K`` channels (panel ``j`` from ``j PANEL positions C``).
+    False when a filter value is not finite.
+    """
+    k0, k1 = channels
+    kern, taps_last = kernels(_MODULE[tile]), kernels("_winograd").taps_last
+    cin, positions = f.shape[1], (tile + 2) ** 2
+    for p0 in range(k0, k1, PANEL):
+        width = min(PANEL, k1 - p0)
+        ft = thread_scratch("winograd-ft", 9 * cin * width)[: 9 * cin * width].reshape(cin, 3, 3, width)
+        taps_last(f[p0 : p0 + width], ft, False)
+        block = u[p0 * positions * cin : (p0 + width) * positions * cin]
+        if not kern.filter_transform(ft, block, 0, cin, thread_scratch("winograd-g", 18 * width)):
+            return False
+    return True
 
 
 def _item_scratch(
@@ -146,7 +159,7 @@ def _fused(
         for image in range(n0, n1):
             if kern.input_item(x, image, t0, t1, pt, pl, tw, v, tiles, (image - n0) * rows * tw, work):
                 return False
-        np.matmul(v.reshape(36, tiles, cin), u.reshape(36, cin, kout), out=m.reshape(36, tiles, kout))
+        kernels("_kwinograd").position_products(v, u, m, 0, 36, tiles, cin, kout, 36)
         for image in range(n0, n1):
             kern.output_item(
                 m, y, image, t0, t1, tw, tiles, (image - n0) * rows * tw, b, _flags(bias, relu), work
@@ -207,9 +220,8 @@ def _by_position(
     m = thread_scratch("winograd-m", positions * tiles * kout)[: positions * tiles * kout]
     if not _transform_inputs(x, (pt, pl, th, tw), v, tile):
         return False
-    vs, us = v.reshape(positions, tiles, cin), u.reshape(positions, cin, kout)
-    ms = m.reshape(positions, tiles, kout)
-    _positions(positions, lambda xi0, xi1: np.matmul(vs[xi0:xi1], us[xi0:xi1], out=ms[xi0:xi1]))
+    products = kernels("_kwinograd").position_products
+    _positions(positions, lambda xi0, xi1: products(v, u, m, xi0, xi1, tiles, cin, kout, positions))
     items = _row_items(n, th, tw)
     b = bias if bias is not None else np.zeros(1, dtype=np.float32)
 
@@ -223,10 +235,10 @@ def _by_position(
 
 
 def _conv(
-    x: FloatArray, ft: FloatArray, bias: FloatArray | None, y: FloatArray, pt: int, pl: int, tile: int
+    x: FloatArray, f: FloatArray, bias: FloatArray | None, y: FloatArray, pt: int, pl: int, tile: int
 ) -> bool:
-    """``y`` = 3x3 stride-1 convolution of ``x`` with the filters ``ft`` [C, 3, 3, K] (+ bias)."""
-    u = _transformed_filter(ft, tile)
+    """``y`` = 3x3 stride-1 convolution of ``x`` with the filters ``f`` [K, C, 3, 3] (+ bias)."""
+    u = _transformed_filter(f, tile)
     return u is not None and _run(x, u, bias, y, (pt, pl, tile))
 
 
@@ -280,9 +292,7 @@ def winograd_forward(
         keep = _cache.seen_before(f, tile)
         if cached_only and not keep:
             return False
-        ft = np.empty((f.shape[1], 3, 3, f.shape[0]), dtype=np.float32)
-        kernels("_winograd").taps_last(f, ft, False)
-        u = _transformed_filter(ft, tile)
+        u = _transformed_filter(f, tile)
         if u is None:
             return False
         if keep:
@@ -292,8 +302,8 @@ def winograd_forward(
 
 
 def _filter_blocks(kout: int, block: int) -> list[tuple[int, int]]:
-    """Output-channel blocks ``(k0, k1)`` of :func:`_by_blocks`, multiples of 16 channels."""
-    block = max(16, block - block % 16)
+    """Output-channel blocks ``(k0, k1)``, a multiple of :data:`PANEL` channels each (the last fewer)."""
+    block = max(PANEL, block - block % PANEL)
     return [(k0, min(kout, k0 + block)) for k0 in range(0, kout, block)]
 
 
@@ -322,22 +332,19 @@ def _by_blocks(
     v = thread_scratch("winograd-v", positions * tiles * cin)[: positions * tiles * cin]
     if not _transform_inputs(x, (pt, pl, th, tw), v, tile):
         return False
-    vs = v.reshape(positions, tiles, cin)
     blocks = _filter_blocks(kout, block)
     b = bias if bias is not None else np.zeros(kout, dtype=np.float32)
-    taps_last = kernels("_winograd").taps_last
+    products = kernels("_kwinograd").position_products
     flags = _flags(bias, relu)
 
     def body(i: int) -> bool:
         k0, k1 = blocks[i]
         width = k1 - k0
-        ft = thread_scratch("winograd-ft", 9 * cin * width)[: 9 * cin * width].reshape(cin, 3, 3, width)
-        taps_last(f[k0:k1], ft, False)
-        u = thread_scratch("winograd-u", positions * cin * width)[: positions * cin * width]
-        if not kern.filter_transform(ft, u, 0, cin, thread_scratch("winograd-g", 18 * width)):
+        u = thread_scratch("winograd-ub", positions * cin * width)[: positions * cin * width]
+        if not _panel_transform(f[k0:k1], (0, width), tile, u):
             return False
         m = thread_scratch("winograd-mb", positions * tiles * width)[: positions * tiles * width]
-        np.matmul(vs, u.reshape(positions, cin, width), out=m.reshape(positions, tiles, width))
+        products(v, u, m, 0, positions, tiles, cin, width, positions)
         work = thread_scratch("winograd", kern.output_item_scratch(th, tw, width))
         for image in range(n):
             out = y[image : image + 1, k0:k1]
@@ -377,9 +384,8 @@ def winograd_backward_data(
     ``gx[h, w] = sum_r,s gy[h + pt - r, w + pl - s] f[r, s]``: a forward convolution
     reading ``gy`` at (h - (2 - pt) + r', ...) with ``f`` flipped (r' = 2 - r).
     """
-    ft = np.empty((f.shape[0], 3, 3, f.shape[1]), dtype=np.float32)
-    kernels("_winograd").taps_last(np.ascontiguousarray(f), ft, True)
-    return _conv(gy, ft, None, gx, 2 - pt, 2 - pl, tile)
+    flipped = np.ascontiguousarray(f[:, :, ::-1, ::-1].transpose(1, 0, 2, 3))
+    return _conv(gy, flipped, None, gx, 2 - pt, 2 - pl, tile)
 
 
 def _untransform(total: FloatArray, gf: FloatArray) -> None:
