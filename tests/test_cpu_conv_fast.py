@@ -459,3 +459,109 @@ def test_backend_fused_pointwise_epilogue(cpu_backend: CpuBackend) -> None:
     finally:
         for ptr in (px, pf, pr, py):
             be.free(ptr)
+
+
+@pytest.mark.parametrize("positions, tiles, cin, kout", [(16, 49, 37, 150), (36, 7, 5, 64), (2, 13, 70, 3)])
+def test_winograd_position_products_match_float64(positions: int, tiles: int, cin: int, kout: int) -> None:
+    """M[xi] = V[xi] @ U[xi] with U in 64-channel panels (the last narrower), M written only."""
+    from computehal.backends.cpu import _kwinograd
+
+    rng = np.random.default_rng(3)
+    v = rng.standard_normal((positions, tiles, cin)).astype(F32)
+    u = rng.standard_normal((positions, cin, kout)).astype(F32)
+    edges = list(range(0, kout, _kwinograd.PANEL)) + [kout]
+    panels = np.concatenate([u[:, :, a:b].reshape(-1) for a, b in zip(edges[:-1], edges[1:], strict=True)])
+    m = np.full(positions * tiles * kout + 17, np.nan, dtype=F32)
+    _kwinograd.position_products(v.reshape(-1), panels, m, 0, positions, tiles, cin, kout, positions)
+    want = v.astype(np.float64) @ u.astype(np.float64)
+    mag = np.abs(v.astype(np.float64)) @ np.abs(u.astype(np.float64))
+    got = m[: positions * tiles * kout].reshape(want.shape)
+    assert np.all(np.abs(got - want) <= 2 * (cin + 2) * np.finfo(np.float32).eps * mag)
+    assert np.isnan(m[positions * tiles * kout :]).all()
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_winograd_streamed_blocks_match_definition(relu: bool) -> None:
+    """The streamed schedule over several 64-channel blocks and a narrower last one: bias, ReLU, NaN."""
+    from computehal.backends.cpu._conv_winograd import winograd_streamed
+
+    shape = (1, 19, 150, 10, 9, (1, 2, 1, 0))
+    x, f, _ = _data(shape, 12)
+    pads = shape[5]
+    bias = np.random.default_rng(4).standard_normal(f.shape[0]).astype(F32)
+    want = _forward64(x, f, pads) + bias[None, :, None, None]
+    mag = _forward64(np.abs(x), np.abs(f), pads) + np.abs(bias)[None, :, None, None]
+    y = np.full(want.shape, np.nan, dtype=F32)
+    assert winograd_streamed(x, f, bias, y, pads[0], pads[1], 4, 64, relu)
+    if relu:
+        want = np.maximum(want, 0.0)  # ReLU moves no value further from the definition
+        assert np.all(y >= 0)
+    _within_kit_tolerance(y, want, mag, x.shape[1] * 9)
+    f[100, 3, 1, 1] = np.nan
+    assert not winograd_streamed(x, f, bias, y, pads[0], pads[1], 4, 64, relu)
+
+
+@pytest.mark.parametrize(
+    "c, k, h, w, stride, pads",
+    [
+        (120, 53, 7, 7, (1, 1), (1, 1, 1, 1)),  # 49 pixels, channel blocks not multiples of 6
+        (114, 20, 13, 11, (2, 2), (1, 0, 1, 2)),  # strided, asymmetric padding, 7 x 6 pixels
+        (130, 7, 8, 8, (1, 2), (0, 0, 0, 0)),  # no padding, fewer channels than one row tile
+    ],
+)
+@pytest.mark.parametrize("relu", [False, True])
+def test_deep_small_image_forward_matches_definition(
+    c: int, k: int, h: int, w: int, stride: tuple[int, int], pads: tuple[int, ...], relu: bool
+) -> None:
+    """One small deep image on the dense-layer product: bias, ReLU (NaN -> 0), nothing else written."""
+    from computehal.backends.cpu._conv_deep import deep_applies, deep_forward
+    from test_cpu_perf import _direct64
+
+    rng = np.random.default_rng(21)
+    x = rng.standard_normal((1, c, h, w)).astype(F32)
+    f = rng.standard_normal((k, c, 3, 3)).astype(F32)
+    bias = rng.standard_normal(k).astype(F32)
+    want = _direct64(x, f, stride, pads, (1, 1)) + bias[None, :, None, None]
+    mag = _direct64(np.abs(x), np.abs(f), stride, pads, (1, 1)) + np.abs(bias)[None, :, None, None]
+    assert deep_applies(1, c * 9, want.shape[2] * want.shape[3], False)
+    y = np.full(want.shape, np.nan, dtype=F32)
+    deep_forward(x, f, bias, y, (pads[0], pads[1], *stride, 1, 1), relu)
+    if relu:
+        want = np.maximum(want, 0.0)
+    assert np.all(np.abs(y - want) <= 2 * (c * 9 + 3) * np.finfo(np.float32).eps * mag)
+    x[0, 5, 2, 3] = np.nan  # a NaN input reaches exactly the outputs that read it (0 after ReLU)
+    deep_forward(x, f, None, y, (pads[0], pads[1], *stride, 1, 1), relu)
+    with np.errstate(invalid="ignore"):
+        reach = np.isnan(_direct64(x, f, stride, pads, (1, 1)))
+    assert reach.any()
+    assert np.array_equal(np.isnan(y), reach & (not relu))
+    assert np.all(y[reach] == 0) if relu else True
+
+
+def test_backend_deep_small_image_keeps_nan_semantics(cpu_backend: CpuBackend) -> None:
+    """Through the backend: a NaN filter value reaches padded outputs exactly as the definition says."""
+    from computehal import validation as v
+    from computehal.backends.cpu._conv_select import forward_algorithm
+    from computehal.memory import Region
+    from test_cpu_perf import _direct64
+
+    region = Region(None, 0, 0)  # type: ignore[arg-type]
+    probe = v.ConvForwardProblem(
+        1, 128, 7, 7, 64, 3, 3, 7, 7, 1, 1, 1, 1, region, region, region, np.dtype(F32), pb=1, pr=1
+    )
+    assert forward_algorithm(probe, np.zeros(1, dtype=F32)) == "im2col"
+    x, f, _ = _data((1, 128, 64, 7, 7, (1, 1, 1, 1)), 13)
+    want = _direct64(x, f, (1, 1), (1, 1, 1, 1), (1, 1))
+    mag = _direct64(np.abs(x), np.abs(f), (1, 1), (1, 1, 1, 1), (1, 1))
+    tol = 2 * (128 * 9 + 3) * np.finfo(F32).eps * mag
+    got = _backend_conv(cpu_backend, x, f, [1, 1, 1, 1])
+    assert np.all(np.abs(got - want) <= tol)
+    # Tap (0, 0) of filter 3: padding (not multiplied) for the first output row and column.
+    f[3, 7, 0, 0] = np.nan
+    got = _backend_conv(cpu_backend, x, f, [1, 1, 1, 1])
+    reach = np.zeros(want.shape, dtype=bool)
+    reach[0, 3, 1:, 1:] = True
+    assert np.array_equal(np.isnan(got), reach)
+    fine = ~reach
+    fine[0, 3] = False
+    assert np.all(np.abs(got[fine] - want[fine]) <= tol[fine])

@@ -22,10 +22,16 @@ Comparing a cached ``U``'s filter in chunks pulled by both threads with the inpu
 transform (instead of one ``memcmp`` first) measured 1-4 % more CPU time on ResNet's
 256-channel 14x14 layer at batch 1 and no shorter calls on a loaded machine: not kept.
 
-Work is pulled by the worker threads, each running its GEMMs on single-threaded BLAS
-(``numpy.matmul`` over ranges of positions: NumPy's OpenBLAS build ran these shapes
-1.2-1.3x faster than SciPy's, e.g. 108-112 vs 82 GFLOP/s for 16 x (128 x 512 x 512) on
-one core).
+Work is pulled by the worker threads. ``U`` is laid out in panels of 64 output
+channels (:mod:`._kwinograd`), and the per-position GEMMs run on the compiled
+dense-layer tile over them (one thread: 16 x (49 x 256 x 256) 86 GFLOP/s against
+OpenBLAS ``matmul``'s 73 on the same machine state; ResNet-50's 256-channel 14x14
+layer at batch 1 0.84-0.88 of the call's CPU time, its 512-channel 7x7 layer at batch
+8 0.75, interleaved in one process). The fused schedule keeps single-threaded BLAS
+where ``U`` is one panel (64 output channels): on those shallow products OpenBLAS ran
+1.2x the tile's rate. Running a cached ``U`` panel by panel (products and output
+transform per 64 channels, one parallel step less) measured 1.01-1.18x the CPU time
+of by position: not kept.
 Scratch is kept between calls (:func:`._scratch.thread_scratch`): a convolution call allocates
 nothing of the size of its images.
 
@@ -101,7 +107,7 @@ def _pull(count: int, body: Callable[[int], bool]) -> bool:
 
 
 def _transformed_filter(f: FloatArray, tile: int = 4) -> FloatArray | None:
-    """``U`` of filters ``f`` [K, C, 3, 3] in output-channel panels (:mod:`._kwinograd`), or None if one is not finite."""
+    """``U`` of filters ``f`` [K, C, 3, 3] in output-channel panels (:mod:`._kwinograd`); None: not finite."""
     kout, cin = f.shape[0], f.shape[1]
     size = (tile + 2) ** 2 * cin * kout
     u = thread_scratch("winograd-u", size)[:size]
@@ -159,7 +165,12 @@ def _fused(
         for image in range(n0, n1):
             if kern.input_item(x, image, t0, t1, pt, pl, tw, v, tiles, (image - n0) * rows * tw, work):
                 return False
-        kernels("_kwinograd").position_products(v, u, m, 0, 36, tiles, cin, kout, 36)
+        if kout <= PANEL:
+            # One panel: U is [36, C, K] as BLAS reads it, and on these shallow products
+            # (64 channels, a few hundred tiles) OpenBLAS ran 1.2x the compiled tile's rate.
+            np.matmul(v.reshape(36, tiles, cin), u.reshape(36, cin, kout), out=m.reshape(36, tiles, kout))
+        else:
+            kernels("_kwinograd").position_products(v, u, m, 0, 36, tiles, cin, kout, 36)
         for image in range(n0, n1):
             kern.output_item(
                 m, y, image, t0, t1, tw, tiles, (image - n0) * rows * tw, b, _flags(bias, relu), work
