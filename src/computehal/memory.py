@@ -61,6 +61,14 @@ class Allocation:
     ``serial`` is unique per table and never reused (an address may be, eventually);
     ``pins`` counts the operations using the allocation; ``freed`` is set when it is
     unregistered (its memory may still be pinned by a running operation).
+
+    Two caches save objects on every call. ``whole`` is the region of the whole
+    allocation, made by the first operand that spans it and handed to the next ones.
+    ``view`` belongs to the backend (the CPU backend keeps a typed array over the whole
+    block there, so an operand's array is a slice rather than a new buffer export); the
+    table never reads it. The table clears both once no operation pins the allocation,
+    before the memory is released, so a cached view never outlives its memory; a later
+    allocation at the same address is another :class:`Allocation`, with empty caches.
     """
 
     base: int
@@ -70,6 +78,8 @@ class Allocation:
     serial: int = 0
     pins: int = 0
     freed: bool = False
+    view: Any = None
+    whole: Region | None = None
 
     @property
     def end(self) -> int:
@@ -177,16 +187,19 @@ class Lease:
             pinned.append(allocation)
         finally:
             lock.release()
-        return _region(Region, (allocation, offset, nbytes))
+        whole = allocation.whole  # operands are most often whole allocations
+        if whole is not None and not offset and nbytes == allocation.size:
+            return whole
+        return _whole_or_region(allocation, offset, nbytes)
 
     def resolve_pair(
         self, name_a: str, ptr_a: object, name_b: str, ptr_b: object, nbytes: int, align: int = 1
     ) -> tuple[Region, Region]:
         """:meth:`resolve` of two operands of ``nbytes`` each, as ``resolve(a)`` then ``resolve(b)``.
 
-        The common case (plain aligned ints at the start of live allocations, long
-        enough) takes the table's lock once; anything else goes through :meth:`resolve`
-        one operand after the other, with its errors.
+        The common case (plain aligned ints inside live allocations, long enough) takes
+        the table's lock once; anything else goes through :meth:`resolve` one operand
+        after the other, with its errors.
         """
         if type(ptr_a) is int and type(ptr_b) is int and not (ptr_a % align or ptr_b % align):
             table = self._table
@@ -194,25 +207,28 @@ class Lease:
             lock.acquire()
             try:
                 by_base = table._by_base
-                first = by_base.get(ptr_a)
-                second = by_base.get(ptr_b)
-                if (
-                    first is not None
-                    and second is not None
-                    and not table._closed
-                    and nbytes <= first.size
-                    and nbytes <= second.size
-                ):
-                    pinned = self._pinned
-                    if not pinned:
-                        table._leases += 1
-                        self._owner = owner = get_ident()
-                        _RUNNING.append(owner)
-                    first.pins += 1
-                    second.pins += 1
-                    pinned.append(first)
-                    pinned.append(second)
-                    return _region(Region, (first, 0, nbytes)), _region(Region, (second, 0, nbytes))
+                first = by_base.get(ptr_a) or table._find(ptr_a)
+                second = by_base.get(ptr_b) or table._find(ptr_b)
+                if first is not None and second is not None and not table._closed:
+                    offset_a = ptr_a - first.base
+                    offset_b = ptr_b - second.base
+                    if nbytes <= first.size - offset_a and nbytes <= second.size - offset_b:
+                        pinned = self._pinned
+                        if not pinned:
+                            table._leases += 1
+                            self._owner = owner = get_ident()
+                            _RUNNING.append(owner)
+                        first.pins += 1
+                        second.pins += 1
+                        pinned.append(first)
+                        pinned.append(second)
+                        region_a = first.whole  # operands are most often whole allocations
+                        if region_a is None or offset_a or nbytes != first.size:
+                            region_a = _whole_or_region(first, offset_a, nbytes)
+                        region_b = second.whole
+                        if region_b is None or offset_b or nbytes != second.size:
+                            region_b = _whole_or_region(second, offset_b, nbytes)
+                        return region_a, region_b
             finally:
                 lock.release()
         return self.resolve(name_a, ptr_a, nbytes, align), self.resolve(name_b, ptr_b, nbytes, align)
@@ -276,6 +292,14 @@ class Lease:
 
 #: ``Region`` without the named tuple's Python-level ``__new__`` (one per operand per call).
 _region = tuple.__new__
+
+
+def _whole_or_region(allocation: Allocation, offset: int, nbytes: int) -> Region:
+    """A new region, or the allocation's whole region (made once and kept in ``whole``)."""
+    region: Region = _region(Region, (allocation, offset, nbytes))
+    if not offset and nbytes == allocation.size:
+        allocation.whole = region
+    return region
 
 
 def _misaligned(name: str, address: int, align: int) -> InvalidArgumentError:
@@ -383,6 +407,11 @@ class PointerTable:
             self._freed.popitem(last=False)
 
     def _released(self, allocations: list[Allocation]) -> None:
+        # No operation pins these any more: drop the cached view before the memory, and
+        # the whole region (a reference cycle) with it.
+        for allocation in allocations:
+            allocation.view = None
+            allocation.whole = None
         if self._release is None:
             return
         for allocation in allocations:

@@ -93,13 +93,20 @@ def _as_dtype(name: str) -> np.dtype[Any]:
 #: The body of every generated public operation: what :func:`guarded` and ``with
 #: self._memory().lease()`` do, written out (one frame per call instead of four). The
 #: lease counts as a running operation from its first pin (``close`` checks the table).
+#: The common case of :meth:`TableBackend._dispatch` (a planned op, a native dtype, a
+#: problem that :meth:`~computehal.validation.Problem.runs_as_is`) calls the hook here.
 _OPERATION_BODY = """\
 try:
     if not self._initialized:
         raise _NotInitializedError()
     lease = _Lease(self._table)
     try:
-        self._dispatch({name!r}, _validate(lease, {call}))
+        p = _validate(lease, {call})
+        plan = self._plans.get({name!r})
+        if plan is not None and p.dtype in plan[0] and p.runs_as_is():
+            plan[1](self, p)
+        else:
+            self._dispatch({name!r}, p)
     finally:
         lease.end()
 except _BackendError:

@@ -175,6 +175,14 @@ class Problem:
         """(region, value) when the whole result is one value written everywhere, else None."""
         return None
 
+    def runs_as_is(self) -> bool:
+        """True when the hook can take this problem unchanged: something to write, no
+        constant result, no input overlapping an output (the dispatcher's common case,
+        asked in one call; False sends the problem through every check in turn)."""
+        if self.empty or (self.CONSTANT_OUTPUT and self.constant_output() is not None):
+            return False
+        return not self.overlapping()
+
     def regions(self) -> list[tuple[Operand, Region]]:
         """The non-empty operand regions with their roles."""
         out = []

@@ -65,6 +65,15 @@ class ElementwiseProblem(Problem):
             return False
         return super().overlapping()
 
+    def runs_as_is(self) -> bool:
+        """:meth:`Problem.runs_as_is` written out for the per-call path (no constant output here)."""
+        if not self.n:
+            return False
+        out = self.out.allocation
+        if self.a.allocation is not out and (self.b is None or self.b.allocation is not out):
+            return True
+        return not Problem.overlapping(self)
+
 
 def _param(op: UnaryOp, owner: UnaryOp, name: str, value: object, default: float) -> float:
     if value is None:

@@ -78,6 +78,7 @@ class CpuPlumbing(TableBackend):
 
     def _drop_scratch(self, scratch: Region) -> None:
         # Scratch addresses were never given out: no quarantine.
+        scratch.allocation.view = None
         self._heap.release(scratch.allocation.base, quarantine=False)
 
     def _memory_limit(self) -> int | None:
@@ -121,10 +122,30 @@ class CpuPlumbing(TableBackend):
 
     @staticmethod
     def _flat(region: Region, dtype: np.dtype[Any]) -> FloatArray:
-        """``region`` as a 1-D array of ``dtype`` (``frombuffer``: half the cost of ``ndarray(buffer=)``)."""
+        """``region`` as a 1-D array of ``dtype``: the allocation's cached typed view, or a slice.
+
+        The first call for an allocation (or for another dtype) views the whole block
+        with ``frombuffer`` and keeps that array in ``Allocation.view``, which the pointer
+        table clears before the memory is released; later calls slice it, or return it
+        as it is when the region is the whole block (a ``frombuffer`` per operand was a
+        tenth of a one-element call). The array may thus be shared by every call on the
+        allocation, from any thread: read and write its elements, slice or reshape it
+        into new views, but never change its own attributes (``shape``, ``strides``,
+        ``dtype``, ``flags``) in place. A region not aligned to ``dtype`` (never a
+        validated typed operand) is viewed directly.
+        """
         allocation, offset, nbytes = region
-        flat: FloatArray = np.frombuffer(allocation.payload, dtype, nbytes // dtype.itemsize, offset)
-        return flat
+        size = dtype.itemsize
+        if offset % size:
+            unaligned: FloatArray = np.frombuffer(allocation.payload, dtype, nbytes // size, offset)
+            return unaligned
+        view: FloatArray | None = allocation.view
+        if view is None or view.dtype != dtype:
+            view = allocation.view = np.frombuffer(allocation.payload, dtype, allocation.size // size)
+        if nbytes == view.nbytes and not offset:
+            return view
+        start = offset // size
+        return view[start : start + nbytes // size]
 
     @staticmethod
     def _matrix(region: Region, rows: int, cols: int, ld: int, dtype: np.dtype[Any]) -> FloatArray:
