@@ -409,6 +409,36 @@ def test_softmax_panel_across_blocks(log: bool) -> None:
         assert (out[:, :5] == 7.0).all() and (out[:, 30:] == 7.0).all()
 
 
+@pytest.mark.parametrize("log", [False, True])
+def test_backend_column_softmax_special_columns(cpu_backend: CpuBackend, log: bool) -> None:
+    """Softmax over a strided axis through the public call (the panel kernel, several row
+    blocks, a short last one): columns with NaN, +inf, only -inf, -inf entries, a late
+    maximum, against the float64 definition; the same in place."""
+    rng = np.random.default_rng(29)
+    shape = (2, 1100, 40)
+    x = (rng.standard_normal(shape) * 4).astype(F32)
+    x[0, 700, 1], x[1, 1099, 2] = np.nan, np.nan  # NaN in the last (short) block
+    x[0, 3, 3], x[1, 520, 4] = np.inf, np.inf
+    x[:, :, 5] = -np.inf  # only -inf: NaN
+    x[0, ::3, 6] = -np.inf  # -inf entries: 0 (log: -inf)
+    x[1, :600, 7] = -np.inf  # a whole block -inf, then finite values
+    x[0, 1050, 8] = 60.0  # a late maximum far above the earlier blocks
+    px, py = cpu_backend.alloc(x.nbytes), cpu_backend.alloc(x.nbytes)
+    try:
+        cpu_backend.copy_htod(px, x)
+        cpu_backend.softmax(px, py, list(shape), 1, log=log)
+        got = np.empty_like(x)
+        cpu_backend.copy_dtoh(got, py)
+        _assert_softmax(got, x, 1, log)
+        assert np.isnan(got[0, :, 1]).all() and np.isnan(got[:, :, 5]).all() and np.isnan(got[0, :, 3]).all()
+        cpu_backend.softmax(px, px, list(shape), 1, log=log)  # in place
+        cpu_backend.copy_dtoh(got, px)
+        _assert_softmax(got, x, 1, log)
+    finally:
+        cpu_backend.free(px)
+        cpu_backend.free(py)
+
+
 # --------------------------------------------------------------------------- attention kernel
 
 

@@ -70,18 +70,25 @@ rows ahead instead of 80 (about 3 %), see :mod:`._ksoftmax`.
 
 Measured in session 7 (one thread's CPU time, the machine loaded, variants interleaved):
 the strided read with its maxima alone costs about a sequential read (4.1 against
-3.1-3.9 ms for 64 MiB); copying it into a 1.5 MiB panel costs 2.5-5 ms more, and the
-phases added up (read 9.4, exponentials 3.5, write-out 5.5 ms). Kept: each block's
-exponentials taken in the copy loop of the next block, row by row (the arithmetic runs
-while the copy's misses are in flight): 17.1 against 18.4 ms on one thread, 0.53 against
-0.49 of the copy ceiling on two (log-softmax 15.9 against 17.6, 0.55 against 0.51).
-Tried and not kept: an L1 stage of 16-64 rows with the exponentials stored into the
-panel once (18-20 ms); 2-pass strips of 256-1024 columns (0.19-0.37); two passes over
-whole rows per thread with the column statistics merged (log-softmax no faster, softmax
-slower: a second exponential per element); prefetching into L1 or non-temporally (no
-better; non-temporal 2.5 times slower); starting the second thread half a panel late,
-or both threads in lockstep (within noise). Two threads are no faster than one on this
-VM for the copy, the row kernel or the panels (the vCPUs share a core).
+3.1-3.9 ms for 64 MiB); copying it into a 1.5 MiB panel costs 2.5-5 ms more (into an
+L1-sized ring of rows, 0.5), and the phases added up (read 9.4, exponentials 3.5,
+write-out 5.5 ms). Kept: each block's exponentials taken in the copy loop of the next
+block, row by row: paired runs against the former kernel took 0.92 of its time for
+softmax and 0.91 for log-softmax on one thread (17-18 against 18.5-19 ms); on two
+threads 0.53-0.57 against 0.49-0.57 of the copy ceiling, log-softmax 0.55-0.61 against
+0.51-0.55. The kernel is bound by its arithmetic more than by memory: taking the
+softmax's exponentials again in the write-out instead of storing them cost 1.28 times
+the time, though the write-out alone is memory work. Tried and not kept: blocks of 64,
+128 or 256 rows (1.02, 1.05, 0.99 of 512's time); prefetching 20 or 80 rows ahead
+instead of 40, into L1, or non-temporally (non-temporal 2.5 times slower); the
+write-out's products streamed from registers (0.99, noise); an L1 stage of 16-64 rows
+with the exponentials stored into the panel once (18-20 ms); two-pass strips of
+256-1024 columns (0.19-0.37 of the copy ceiling); two passes over whole rows per thread
+with the column statistics merged (log-softmax no faster, softmax slower: two
+exponentials per element); the second thread starting half a panel late, or both in
+lockstep (within noise). Under that load two threads ran no faster than one for the
+copy, the row kernel or the panels (other processes held the second vCPU); each vCPU
+has its own 2 MiB L2 (two threads reading 1.5 MiB each kept the one-thread L2 rate).
 """
 
 from __future__ import annotations
