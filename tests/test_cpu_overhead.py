@@ -225,3 +225,51 @@ def test_close_with_cached_views_then_reinit(be: CpuBackend) -> None:
     be.unary("relu", ptr, ptr, 2)
     np.testing.assert_array_equal(get(be, ptr, 2, np.float32), [0.0, 1.0])
     be.free(ptr)
+
+
+@pytest.mark.parametrize("n", [4, KERNEL_THRESHOLD - 1])
+def test_small_calls_ignore_and_restore_the_callers_fp_error_state(be: CpuBackend, n: int) -> None:
+    """Small calls set NumPy's error state to "ignore" themselves (no warning, no exception
+    even where the caller asked NumPy to raise) and leave the caller's state as it was."""
+    big = put(be, np.full(n, 3e38, dtype=np.float32))
+    neg = put(be, np.full(n, -1.0, dtype=np.float32))
+    out = be.alloc(n * 4)
+    for state in ("raise", "warn", "ignore"):
+        with np.errstate(all=state):
+            before = np.geterr()
+            be.binary("add", big, big, out, n)
+            np.testing.assert_array_equal(get(be, out, n, np.float32), np.inf)
+            be.binary("div", neg, out, out, n)  # -1 / inf: no flag; then 0 / 0: invalid
+            be.binary("div", out, out, out, n)
+            assert np.isnan(get(be, out, n, np.float32)).all()
+            be.unary("exp", big, out, n)
+            np.testing.assert_array_equal(get(be, out, n, np.float32), np.inf)
+            be.unary("log", neg, out, n)
+            assert np.isnan(get(be, out, n, np.float32)).all()
+            assert np.geterr() == before
+    for ptr in (big, neg, out):
+        be.free(ptr)
+
+
+def test_fp_error_state_is_per_thread(be: CpuBackend) -> None:
+    """A small call in one thread does not change the error state another thread sees."""
+    big = put(be, np.full(4, 3e38, dtype=np.float32))
+    seen: list[dict[str, str]] = []
+    inside = threading.Event()
+    done = threading.Event()
+
+    def other() -> None:
+        with np.errstate(all="raise"):
+            inside.set()
+            done.wait(5)
+            seen.append(np.geterr())
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    inside.wait(5)
+    for _ in range(50):
+        be.binary("add", big, big, big, 4)
+    done.set()
+    thread.join()
+    assert seen and set(seen[0].values()) == {"raise"}
+    be.free(big)

@@ -141,8 +141,7 @@ def binary(
     pb = b_ptr if type(b_ptr) is int else as_pointer("b_ptr", b_ptr)
     po = output_ptr if type(output_ptr) is int else as_pointer("output_ptr", output_ptr)
     size = dt.itemsize
-    a = lease.resolve("a_ptr", pa, count * size, size)
-    b = lease.resolve("b_ptr", pb, count * size, size)
+    a, b = lease.resolve_pair("a_ptr", pa, "b_ptr", pb, count * size, size)
     out = lease.resolve("output_ptr", po, count * size, size)
     return ElementwiseProblem(bop, count, a, b, out, dt)
 

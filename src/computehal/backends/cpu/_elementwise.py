@@ -20,9 +20,10 @@ import numpy as np
 import scipy.special
 
 from ... import validation as v
+from ...memory import Region
 from ...types import BinaryOp, UnaryOp
 from ._plumbing import CpuPlumbing, FloatArray
-from ._runtime import kernels, parallel_ranges
+from ._runtime import ignore_fp_errors, kernels, parallel_ranges, restore_fp_errors
 from ._strided import simplify, split_run, strided_view
 
 __all__ = ["ElementwiseOps"]
@@ -272,38 +273,60 @@ def _compiled_unary(
     return lambda x, out: kernel(x, out, stream)
 
 
+def _operand(backend: CpuPlumbing, region: Region, dtype: np.dtype[Any]) -> FloatArray:
+    """``backend._flat(region, dtype)``; a whole-allocation operand takes the allocation's
+    cached view (what ``_flat`` returns for it) without the call."""
+    view: FloatArray | None = region.allocation.view
+    if view is None or region is not region.allocation.whole or view.dtype is not dtype:
+        return backend._flat(region, dtype)
+    return view
+
+
 class ElementwiseOps(CpuPlumbing):
     """``unary``, ``binary`` and ``broadcast_binary``."""
 
     def _exec_unary(self, p: v.ElementwiseProblem) -> None:
         dt = p.dtype
-        x, out = self._flat(p.a, dt), self._flat(p.out, dt)
+        # _operand written out (the per-call path of the most frequent op)
+        a, o = p.a, p.out
+        x, out = a.allocation.view, o.allocation.view
+        if x is None or a is not a.allocation.whole or x.dtype is not dt:
+            x = self._flat(a, dt)
+        if out is None or o is not o.allocation.whole or out.dtype is not dt:
+            out = self._flat(o, dt)
         if p.n < DIRECT_LIMIT:
             direct = _DIRECT.get(p.op)
             if direct is not None:
                 # The smallest calls: the ufunc itself; functions that cannot raise
-                # floating-point flags skip np.errstate (1-2 us).
+                # floating-point flags skip the error state.
                 ufunc, with_zero, flags = direct
                 if with_zero:
                     zero = _ZERO_ARRAYS.get(dt)
                     ufunc(x, _zero(dt) if zero is None else zero, out)  # positional out: cheaper
                 elif flags:
-                    with np.errstate(all="ignore"):
+                    token = ignore_fp_errors()
+                    try:
                         ufunc(x, out)
+                    finally:
+                        restore_fp_errors(token)
                 else:
                     ufunc(x, out)
                 return
         small = _SMALL.get(p.op) if p.n < KERNEL_THRESHOLD else None
         if small is not None:
-            # Small calls: one ufunc call on this thread, no closures or thread split;
-            # functions that cannot raise floating-point flags skip np.errstate (1-2 us).
+            # Small calls: one ufunc call on this thread, no closures or thread split.
             fn, flags = small
-            if flags:
-                with np.errstate(all="ignore"):
-                    fn(x, out, _NO_SCRATCH, p)
-            else:
+            token = ignore_fp_errors() if flags else None
+            try:
                 fn(x, out, _NO_SCRATCH, p)
+            finally:
+                if flags:
+                    restore_fp_errors(token)
             return
+        self._unary_large(p, x, out)
+
+    def _unary_large(self, p: v.ElementwiseProblem, x: FloatArray, out: FloatArray) -> None:
+        """A unary call too large for one ufunc call: compiled kernels or blocks, split over threads."""
         assert isinstance(p.op, UnaryOp)
         in_place = p.a.ptr == p.out.ptr
         kernel = _compiled_unary(p, in_place)
@@ -338,12 +361,16 @@ class ElementwiseOps(CpuPlumbing):
         parallel_ranges(p.n, run)
 
     def _exec_binary(self, p: v.ElementwiseProblem) -> None:
-        assert isinstance(p.op, BinaryOp) and p.b is not None
-        fn = _BINARY[p.op]
-        a, b, out = (self._flat(r, p.dtype) for r in (p.a, p.b, p.out))
+        assert p.b is not None
+        fn = _BINARY[p.op]  # type: ignore[index]
+        dt = p.dtype
+        a, b, out = _operand(self, p.a, dt), _operand(self, p.b, dt), _operand(self, p.out, dt)
         if p.n < KERNEL_THRESHOLD:
-            with np.errstate(all="ignore"):
-                fn(a, b, out=out)
+            token = ignore_fp_errors()
+            try:
+                fn(a, b, out)  # positional out: cheaper
+            finally:
+                restore_fp_errors(token)
             return
 
         def run(start: int, stop: int) -> None:

@@ -21,9 +21,13 @@ from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+
 __all__ = [
     "PARALLEL_THRESHOLD",
     "cpu_name",
+    "ignore_fp_errors",
+    "restore_fp_errors",
     "kernels",
     "memory_available",
     "memory_total",
@@ -96,6 +100,36 @@ def parallel_pull(count: int, worker: Callable[[Iterator[int]], None]) -> None:
     finally:
         for future in futures:
             future.result()
+
+
+# --------------------------------------------------------------------------- floating-point errors
+
+
+def _errstate_enter() -> Any:
+    state = np.errstate(all="ignore")
+    state.__enter__()
+    return state
+
+
+def _errstate_exit(state: Any) -> None:
+    state.__exit__(None, None, None)
+
+
+#: ``token = ignore_fp_errors()`` ... ``restore_fp_errors(token)`` (in a ``finally``): what
+#: ``with np.errstate(all="ignore")`` does, for this thread, at a tenth of its cost (it
+#: was 1-2 us of a small call). NumPy 2 keeps the error state in a context variable; the
+#: "ignore everything" state is built once and set directly. Where those internals are
+#: missing, ``np.errstate`` itself is used.
+ignore_fp_errors: Callable[[], Any]
+restore_fp_errors: Callable[[Any], None]
+try:
+    from numpy._core._ufunc_config import _extobj_contextvar  # type: ignore[attr-defined]
+    from numpy._core.umath import _make_extobj
+
+    ignore_fp_errors = functools.partial(_extobj_contextvar.set, _make_extobj(all="ignore"))
+    restore_fp_errors = _extobj_contextvar.reset
+except (ImportError, AttributeError, TypeError):  # pragma: no cover - other NumPy versions
+    ignore_fp_errors, restore_fp_errors = _errstate_enter, _errstate_exit
 
 
 # --------------------------------------------------------------------------- BLAS threads
