@@ -90,8 +90,13 @@ def _row_items(n: int, th: int, tw: int) -> list[tuple[int, int, int]]:
     return [(i, r0, min(th, r0 + rows)) for i in range(n) for r0 in range(0, th, rows)]
 
 
-def _pull(count: int, body: Callable[[int], bool]) -> bool:
-    """Run ``body(i)`` for ``i < count`` on the worker threads; False if any returns False."""
+def _pull(count: int, body: Callable[[int], bool], blas: bool = False) -> bool:
+    """Run ``body(i)`` for ``i < count`` on the worker threads; False if any returns False.
+
+    ``blas``: the bodies call BLAS, which is then held to one thread meanwhile (taking and
+    releasing that limit costs about 10 us, so only the steps that call BLAS take it:
+    since the products moved to the compiled tile, most steps call none).
+    """
     ok = [True]
 
     def run(indices: Iterator[int]) -> None:
@@ -101,7 +106,10 @@ def _pull(count: int, body: Callable[[int], bool]) -> bool:
             if not body(i):
                 ok[0] = False
 
-    with single_threaded_blas():
+    if blas:
+        with single_threaded_blas():
+            parallel_pull(count, run)
+    else:
         parallel_pull(count, run)
     return ok[0]
 
@@ -177,10 +185,10 @@ def _fused(
             )
         return True
 
-    return _pull(len(items), body)
+    return _pull(len(items), body, kout <= PANEL)
 
 
-def _positions(count: int, body: Callable[[int, int], object]) -> None:
+def _positions(count: int, body: Callable[[int, int], object], blas: bool = False) -> None:
     """Run ``body(xi0, xi1)`` over ``count`` positions in a few ranges per thread."""
     step = max(1, count // (3 * workers()))
     ranges = [(xi, min(count, xi + step)) for xi in range(0, count, step)]
@@ -189,7 +197,7 @@ def _positions(count: int, body: Callable[[int, int], object]) -> None:
         body(*ranges[i])
         return True
 
-    _pull(len(ranges), each)
+    _pull(len(ranges), each, blas)
 
 
 def _transform_inputs(
@@ -472,7 +480,7 @@ def _filter_by_position(x: FloatArray, gy: FloatArray, pt: int, pl: int) -> Floa
         return None
     du = np.empty((36, cin, kout), dtype=np.float32)
     vt, mgs = v.reshape(36, tiles, cin).transpose(0, 2, 1), mg.reshape(36, tiles, kout)
-    _positions(36, lambda xi0, xi1: np.matmul(vt[xi0:xi1], mgs[xi0:xi1], out=du[xi0:xi1]))
+    _positions(36, lambda xi0, xi1: np.matmul(vt[xi0:xi1], mgs[xi0:xi1], out=du[xi0:xi1]), True)
     return du.reshape(-1)
 
 
