@@ -47,13 +47,15 @@ with ``computehal bench`` (ratios in the module docstrings of each algorithm):
   the CPU time of im2col on BLAS at stride 1 and 0.93-0.95 at stride 2 (in one
   process, interleaved, loaded machine).
 * Of those, convolutions of images with at most 4 channels and rows of 32 pixels or more
-  (the stem), float32: the im2col-free kernel of :mod:`._conv_direct` (the input split
-  once into stride phases, every tap a unit-stride segment read through a table of
-  offsets, the outputs stored in place). The stem at batch 8, CPU time of one thread,
-  interleaved: 93-96 GFLOP/s vs im2col 79-81 against a one-thread sgemm of 135-140
-  (im2col's column building was 17 % of its time, the phase split is under 5 %); batch
+  (the stem), float32: the im2col-free kernel of :mod:`._conv_direct` (each band of
+  output rows splits its input rows into stride phases, every tap a unit-stride segment
+  read through a table of offsets, the outputs stored in place). The stem at batch 8,
+  CPU time of one thread, interleaved: 93-96 GFLOP/s vs im2col 79-81 against a
+  one-thread sgemm of 135-140 (im2col's column building was 17 % of its time); batch
   1 82-88 vs 73-75. Bench rounds (two threads, shared machine): 0.77 and 0.96 of
-  sgemm, where im2col gave 0.52-0.59.
+  sgemm, where im2col gave 0.52-0.59. Bands as tasks with a compiled split and blocks
+  that fill the last tile: 0.84-0.87 of a one-thread sgemm through the backend on one
+  worker (CPU time, interleaved with the previous whole-image tasks' 0.77-0.78).
 * Transformed Winograd filters are kept between calls (:mod:`._winograd_cache`, checked
   against a copy of the filter's bytes on every use, so no write or free can make it
   stale), which moves two more shapes to Winograd once their filter has been seen
@@ -98,12 +100,24 @@ pixels two tiles ahead into L1 gained 10-15 % on 256 -> 64 (107-111 vs 91-98 GFL
 one thread, against a one-thread sgemm of 140-148: still 0.75). The 1x1 rows read 3.2 MB per image
 for 103 MFLOP, so they are the rows a busy memory system moves most: on the shared
 machine the same code measured 0.41-0.95 (256 -> 64), 0.60-0.99 (64 -> 256) and
-0.57-0.94 (256 -> 512 stride 2) of sgemm from one bench round to the next. The direct
-kernel reaches about 0.55 of a one-thread sgemm on one thread (its tap rows are not
-64-byte aligned; a 3 x 7 tile on the same table ran 1.7x faster with its offsets
-rounded to 64 bytes, i.e. on the wrong data); two threads
-on the two vCPUs (which share a core) recover part of that. Deep products on few
-pixels (batch 1 from 14x14 down) stay at 0.65-0.9 in BLAS.
+0.57-0.94 (256 -> 512 stride 2) of sgemm from one bench round to the next.
+
+Re-measured later (batch 8, through the backend on one worker, CPU time against a
+one-thread sgemm, interleaved): 256 -> 64 0.77-0.91, 64 -> 256 0.86-1.0, the stem
+0.84-0.88 (its bands without the phase split 0.93-0.98: the split, which reads the
+input from memory, is the 5-7 % between; tap
+offsets rounded to 64 bytes, on the wrong data, gained only 3 %). Tried again and not
+kept: every channel panel over one tile before the next gained 8-10 % on one warm
+image but lost at batch 8 (kernel alone on 8 images: 256 -> 64 0.67 vs 0.90, 64 ->
+256 0.48 vs 0.95); prefetching the next block's pixels (and outputs) into L2, spread
+over a block's tiles: 0.77-0.80 vs 0.81-0.86 (256 -> 64); on 64 -> 256 equal (pixels
+only) or worse (with the outputs: 0.80 vs 0.95); depth
+slices of 32 or 128 and 8 tasks per thread instead of 2 at batch 8 within the noise.
+In the quiet bench runs the 1x1 rows reached 138-166 GFLOP/s on two threads against
+a two-thread sgemm of 207-210 (1.75x its one-thread rate), while one worker runs them
+at 0.85-1.0 of a one-thread sgemm: what they lose is in going from one thread to two,
+which a loaded machine could not resolve. Deep products on few pixels (batch 1 from
+14x14 down) stay at 0.65-0.9 in BLAS.
 
 ``onednn`` on PyPI ships oneDNN with its C API, but only beside about 600 MB of Intel
 SYCL / OpenCL runtime wheels; the algorithms here are written with numba, LLVM IR and
