@@ -23,6 +23,9 @@ from test_cpu_perf import F32, _within_kit_tolerance
     [
         (3, 17, 23, 2, (3, 3), 0, 12, 15),
         (3, 17, 23, 2, (3, 3), 5, 9, 15),  # a band from row 5, running past the image
+        (3, 17, 24, 2, (3, 3), 5, 9, 15),  # even rows: read as pixel pairs
+        (2, 10, 30, 2, (2, 1), 0, 7, 11),  # even rows, fewer columns than the image
+        (2, 10, 30, 2, (0, 0), 3, 6, 18),
         (2, 9, 11, 3, (1, 2), 1, 4, 6),
         (1, 8, 40, 1, (0, 2), 2, 5, 44),
         (4, 5, 6, 2, (0, 0), 0, 2, 2),  # fewer columns than the image
@@ -31,7 +34,10 @@ from test_cpu_perf import F32, _within_kit_tolerance
 def test_split_phases_matches_padded_slices(
     c: int, h: int, w: int, stride: int, pads: tuple[int, int], r0: int, hq: int, wq: int
 ) -> None:
-    """Phase (a, b) holds padded pixel ((r0 + u) s + a, v s + b) at (u, v), zero outside the image."""
+    """Phase (a, b) holds padded pixel ((r0 + u) s + a, v s + b) at (u, v), zero outside the image.
+
+    Stride 2 on rows of even width takes the pixel-pair path, any other the general loops.
+    """
     from computehal.backends.cpu import _kdirect
 
     pt, pl = pads
