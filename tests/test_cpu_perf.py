@@ -410,12 +410,15 @@ def test_softmax_panel_across_blocks(log: bool) -> None:
 
 
 @pytest.mark.parametrize("log", [False, True])
-def test_backend_column_softmax_special_columns(cpu_backend: CpuBackend, log: bool) -> None:
+@pytest.mark.parametrize("shape", [(2, 1100, 40), (8, 1100, 64)], ids=str)
+def test_backend_column_softmax_special_columns(
+    cpu_backend: CpuBackend, shape: tuple[int, int, int], log: bool
+) -> None:
     """Softmax over a strided axis through the public call (the panel kernel, several row
-    blocks, a short last one): columns with NaN, +inf, only -inf, -inf entries, a late
-    maximum, against the float64 definition; the same in place."""
+    blocks, a short last one; panels split in halves, or pulled where there are many):
+    columns with NaN, +inf, only -inf, -inf entries, a late maximum, against the float64
+    definition; the same in place."""
     rng = np.random.default_rng(29)
-    shape = (2, 1100, 40)
     x = (rng.standard_normal(shape) * 4).astype(F32)
     x[0, 700, 1], x[1, 1099, 2] = np.nan, np.nan  # NaN in the last (short) block
     x[0, 3, 3], x[1, 520, 4] = np.inf, np.inf

@@ -6,7 +6,12 @@ into column panels of each outer slice whose rows all fit in cache together
 line's width of every row would not fit, into column ranges at least
 :data:`MIN_COLUMNS` wide for the two-pass :func:`._ksoftmax.softmax_columns`. Outputs
 far larger than the caches are written with non-temporal stores. Each thread keeps its
-scratch between calls (:func:`._scratch.thread_scratch`).
+scratch between calls (:func:`._scratch.thread_scratch`). Where there are at least
+:data:`PULL_TILES` panels per thread they are pulled one at a time
+(:func:`._runtime.parallel_pull`): the panel kernel is bound by its arithmetic and the
+two vCPUs have run at different speeds (one-thread work 1.45 times slower on one of
+them); under load, pulling measured no different from static halves (0.57 / 0.56 against
+0.53 / 0.60 of the copy ceiling in two runs).
 
 Why panels that stay in L2 (measured on a 2-core Sapphire Rapids VM, 4096 x 4096
 float32 over axis 0, both threads): the kernels' own work, input and panel in cache, is
@@ -93,13 +98,14 @@ has its own 2 MiB L2 (two threads reading 1.5 MiB each kept the one-thread L2 ra
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
 from ... import validation as v
 from ._plumbing import FloatArray
-from ._runtime import PARALLEL_THRESHOLD, kernels, parallel_ranges, workers
+from ._runtime import PARALLEL_THRESHOLD, kernels, parallel_pull, parallel_ranges, workers
 from ._scratch import thread_scratch
 
 __all__ = ["fast_softmax"]
@@ -114,6 +120,8 @@ STREAM_BYTES = 8 << 20
 PANEL_BYTES = 3 << 19
 #: Narrowest panel: 64 bytes (a line) of each row.
 MIN_PANEL = 16
+#: Panels per thread from which they are pulled one at a time instead of split in halves.
+PULL_TILES = 4
 
 
 def fast_softmax(p: v.AxisProblem, x: FloatArray, out: FloatArray) -> bool:
@@ -142,14 +150,21 @@ def fast_softmax(p: v.AxisProblem, x: FloatArray, out: FloatArray) -> bool:
         # Column panels whose every row fits in cache together: one read and one write of memory.
         tiles = [(o, c0, min(p.inner, c0 + width)) for o in range(p.outer) for c0 in range(0, p.inner, width)]
 
-        def run_tiles(start: int, stop: int) -> None:
+        def run_tiles(items: Iterable[int]) -> None:
             panel = thread_scratch("softmax-panel", p.length * width)
             work = thread_scratch("softmax-panel-work", 5 * width)[: 5 * width].reshape(5, width)
-            for o, c0, c1 in tiles[start:stop]:
+            for i in items:
+                o, c0, c1 = tiles[i]
                 packed = panel[: p.length * (c1 - c0)].reshape(p.length, c1 - c0)
                 kern.softmax_panel(x[o], out[o], c0, c1, p.log, packed, work, stream)
 
-        parallel_ranges(len(tiles), run_tiles, grain=max(1, PARALLEL_THRESHOLD // (p.length * width)))
+        grain = max(1, PARALLEL_THRESHOLD // (p.length * width))
+        if len(tiles) >= PULL_TILES * workers() * grain:
+            # Pulled one at a time: the kernel is bound by its arithmetic, and the vCPUs can
+            # run at different speeds (a static half each leaves the faster one idle).
+            parallel_pull(len(tiles), run_tiles)
+        else:
+            parallel_ranges(len(tiles), lambda start, stop: run_tiles(range(start, stop)), grain=grain)
         return True
     width = max(MIN_COLUMNS, -(-p.inner // workers()))
     panels = [(o, c0, min(p.inner, c0 + width)) for o in range(p.outer) for c0 in range(0, p.inner, width)]
