@@ -8,6 +8,14 @@ run up to several times slower than memory; its float32 sin / cos about twice as
 as the compiled ones, measured in cache on one thread). Broadcasting views each
 operand with stride 0 along its broadcast dimensions (:mod:`._strided`), so no operand is
 ever expanded in memory.
+
+Small calls are mostly per-call cost, so their path is short: below
+:data:`DIRECT_LIMIT` elements a one-pass unary op is one ufunc call made straight from
+the hook (ReLU against a cached 0-d zero, which a ufunc takes faster than a scalar), on
+the allocation's cached typed view when the operand is the whole allocation, and the
+floating-point error state is set directly (:func:`._runtime.ignore_fp_errors`) rather
+than through ``np.errstate``. One-element relu measured 0.65x, add 0.49x and exp 0.58x
+of the CPU time before these paths (interleaved in one process, session 7).
 """
 
 from __future__ import annotations
