@@ -9,7 +9,9 @@ phase with a strided assignment, and ran on the whole image before any task coul
 start). :func:`direct_band` splits a band and multiplies it block by block
 (:func:`._kgemm.product_table`), applying ReLU to each block while it is in cache, in
 one compiled call per band (a Python call per block of rows had cost about 3 % of the
-stem's time).
+stem's time). It compiles :mod:`._kgemm`'s and :mod:`._kepilogue`'s kernels into itself,
+and numba's on-disk cache does not notice when those change: clear the cache
+(``__pycache__``) after editing them.
 """
 
 # Function bodies are numba nopython code, which mypy cannot type.
