@@ -6,6 +6,7 @@ frees racing a running call."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -176,20 +177,31 @@ def test_free_during_a_call_releases_after_it() -> None:
 
 def test_calls_racing_frees_from_another_thread(be: CpuBackend) -> None:
     """One thread calls unary on a pointer that another frees and reallocates: each call
-    either runs on live memory (correct result) or is refused; nothing else escapes."""
+    either runs on live memory (correct result) or is refused; nothing else escapes.
+
+    The churning thread keeps going until the caller has tried at least 50 calls while
+    it ran (a loaded machine can otherwise hand it the GIL for all its rounds at once,
+    and no call would race it), with a deadline.
+    """
     n = 16
     x = -np.arange(1, n + 1, dtype=np.float32)
     out = be.alloc(n * 4)
     box = {"ptr": put(be, x)}
     stop = threading.Event()
     errors: list[BaseException] = []
+    tried = [0]
 
     def churn() -> None:
+        deadline = time.monotonic() + 60.0
         try:
-            for _ in range(300):
+            rounds = 0
+            while rounds < 300 or (tried[0] < 50 and time.monotonic() < deadline):
                 old = box["ptr"]
                 box["ptr"] = put(be, x)
                 be.free(old)
+                rounds += 1
+                if rounds % 8 == 0:
+                    time.sleep(0)  # offer the caller the GIL
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
         finally:
@@ -199,6 +211,7 @@ def test_calls_racing_frees_from_another_thread(be: CpuBackend) -> None:
     worker.start()
     ran = refused = 0
     while not stop.is_set():
+        tried[0] += 1
         try:
             be.unary("abs", box["ptr"], out, n)
             ran += 1
@@ -207,7 +220,7 @@ def test_calls_racing_frees_from_another_thread(be: CpuBackend) -> None:
             continue
         np.testing.assert_array_equal(get(be, out, n, np.float32), -x)
     worker.join()
-    assert not errors and ran > 0
+    assert not errors and ran > 0, (errors, ran, refused)
     be.free(box["ptr"])
     be.free(out)
     assert be.live_allocations() == 0
