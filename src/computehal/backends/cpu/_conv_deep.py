@@ -3,7 +3,7 @@
 One image with few output pixels (:data:`MAX_PIXELS`, 7x7 in ResNet-50: its 512-channel
 3x3 layers, stride 1 at 7x7 and stride 2 from 14x14) and a deep filter (``C Fh Fw``
 of 4608): the im2col columns [C Fh Fw, P] are built once, split over the threads by
-input channels (:class:`._conv_gemm._Columns`), then every task multiplies a block of
+input channels (:class:`._conv_gemm.Columns`), then every task multiplies a block of
 filter rows by all of them on :func:`._kdense.product_rows`: the filter rows are the
 kernel's streamed rows (read in place once, no packing, the next tile's rows
 prefetched), the columns its small weight panel (rows of P floats, kept in cache),
@@ -27,7 +27,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ._conv_epilogue import epilogue_range
-from ._conv_gemm import _Columns
+from ._conv_gemm import Columns
 from ._plumbing import FloatArray
 from ._runtime import kernels, parallel_pull, workers
 from ._scratch import thread_scratch
@@ -76,7 +76,7 @@ def deep_forward(
     dense = kernels("_kdense")
     c, (k, _, fh, fw) = x.shape[1], f.shape
     pixels, depth = y.shape[2] * y.shape[3], c * fh * fw
-    columns = _Columns(x, fh, fw, y.shape[3], geometry)
+    columns = Columns(x, fh, fw, y.shape[3], geometry)
     cols = thread_scratch("deep-columns", depth * pixels)[: depth * pixels].reshape(depth, pixels)
     fills = _bounds(c, 2 * workers(), 1)
 

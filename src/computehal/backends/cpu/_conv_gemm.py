@@ -38,7 +38,7 @@ from ._plumbing import FloatArray
 from ._runtime import kernels, parallel_pull, single_threaded_blas, workers
 from ._scratch import thread_scratch
 
-__all__ = ["im2col_forward", "multiply", "pull", "row_blocks"]
+__all__ = ["Columns", "im2col_forward", "multiply", "pull", "row_blocks"]
 
 #: Output pixels per task of a GEMM convolution (and at least this many per block).
 MIN_COLUMNS = 256
@@ -143,7 +143,7 @@ def _split(total: int, parts: int) -> list[tuple[int, int]]:
     return [(total * j // parts, total * (j + 1) // parts) for j in range(parts)]
 
 
-class _Columns:
+class Columns:
     """Builds the im2col columns of a pixel range of images, for a range of input channels."""
 
     def __init__(self, x: FloatArray, fh: int, fw: int, ow: int, geometry: tuple[int, ...]) -> None:
@@ -195,7 +195,7 @@ def im2col_forward(
     oh, ow = y.shape[2], y.shape[3]
     pixels, crs = oh * ow, c * fh * fw
     dt: Any = x.dtype
-    columns = _Columns(x, fh, fw, ow, geometry)
+    columns = Columns(x, fh, fw, ow, geometry)
     fmat = f.reshape(k, crs)
     ys = y.reshape(n, k, pixels)
     clamp = kernels("_kepilogue").relu_region if relu else None
@@ -230,7 +230,7 @@ def im2col_forward(
 
 
 def _im2col_shared(
-    columns: _Columns, fmat: FloatArray, bias: FloatArray | None, ys: FloatArray, clamp: Any = None
+    columns: Columns, fmat: FloatArray, bias: FloatArray | None, ys: FloatArray, clamp: Any = None
 ) -> None:
     """im2col for few output pixels: all columns at once, then the GEMM split by output channels.
 
