@@ -40,6 +40,8 @@ __all__ = ["ElementwiseOps"]
 BLOCK = 1 << 13
 #: float32 problems below this many elements stay on NumPy (no kernel dispatch).
 KERNEL_THRESHOLD = 1 << 12
+#: Below this many elements no compiled kernel applies: a one-pass op is one ufunc call.
+DIRECT_LIMIT = KERNEL_THRESHOLD // 4
 
 #: A unary function on one block: ``fn(x, out, tmp, problem)``; ``out`` may be ``x``,
 #: ``tmp`` is scratch of the same length.
@@ -57,7 +59,7 @@ def _c(x: FloatArray, value: float) -> Any:
 
 def _f32_kernel(x: FloatArray, name: str) -> Callable[[FloatArray, FloatArray], None] | None:
     """The compiled float32 kernel ``name`` for ``x``, when it applies."""
-    if x.dtype != np.float32 or x.size < KERNEL_THRESHOLD // 4:
+    if x.dtype != np.float32 or x.size < DIRECT_LIMIT:
         return None
     compiled = kernels("_kact")
     kernel: Callable[[FloatArray, FloatArray], None] | None = (
@@ -162,25 +164,31 @@ def _relu(x: FloatArray, out: FloatArray, tmp: FloatArray, p: v.ElementwiseProbl
     np.fmax(x, _zero(x.dtype), out)  # NaN -> 0; ``out`` positional: a keyword costs more
 
 
+#: The one-pass ops that are a ufunc (with, for float32, the compiled kernel of
+#: :mod:`._kact` that replaces it from :data:`DIRECT_LIMIT` elements), and ReLU.
+_UFUNCS: dict[UnaryOp, tuple[Callable[..., object], str | None]] = {
+    UnaryOp.TANH: (np.tanh, "tanh_into"),
+    UnaryOp.EXP: (np.exp, "exp_into"),
+    UnaryOp.LOG: (np.log, "log_into"),
+    UnaryOp.SQRT: (np.sqrt, None),
+    UnaryOp.ABS: (np.absolute, None),
+    UnaryOp.NEG: (np.negative, None),
+    UnaryOp.ERF: (scipy.special.erf, None),
+    UnaryOp.RECIPROCAL: (np.reciprocal, None),
+    UnaryOp.SQUARE: (np.square, None),
+    UnaryOp.SIN: (np.sin, None),
+    UnaryOp.COS: (np.cos, None),
+}
+
 _UNARY: dict[UnaryOp, Block] = {
     UnaryOp.RELU: _relu,
     UnaryOp.SIGMOID: _sigmoid,
-    UnaryOp.TANH: _ufunc(np.tanh, "tanh_into"),
-    UnaryOp.EXP: _ufunc(np.exp, "exp_into"),
-    UnaryOp.LOG: _ufunc(np.log, "log_into"),
-    UnaryOp.SQRT: _ufunc(np.sqrt),
-    UnaryOp.ABS: _ufunc(np.abs),
-    UnaryOp.NEG: _ufunc(np.negative),
     UnaryOp.GELU: _gelu,
     UnaryOp.GELU_TANH: _gelu_tanh,
     UnaryOp.SILU: _silu,
-    UnaryOp.ERF: _ufunc(scipy.special.erf),
-    UnaryOp.RECIPROCAL: _ufunc(np.reciprocal),
-    UnaryOp.SQUARE: _ufunc(np.square),
-    UnaryOp.SIN: _ufunc(np.sin),
-    UnaryOp.COS: _ufunc(np.cos),
     UnaryOp.LEAKY_RELU: _leaky_relu,
     UnaryOp.CLIP: _clip,
+    **{op: _ufunc(fn, kernel) for op, (fn, kernel) in _UFUNCS.items()},
 }
 
 #: One-pass functions that raise no floating-point flag (no np.errstate needed).
@@ -188,37 +196,19 @@ _QUIET = frozenset({UnaryOp.RELU, UnaryOp.ABS, UnaryOp.NEG})
 _NO_SCRATCH = np.empty(0, dtype=np.float32)
 
 #: Functions of one pass over memory: no blocking needed.
-_ONE_PASS = frozenset(
-    {
-        UnaryOp.RELU, UnaryOp.TANH, UnaryOp.EXP, UnaryOp.LOG, UnaryOp.SQRT, UnaryOp.ABS, UnaryOp.NEG,
-        UnaryOp.ERF, UnaryOp.RECIPROCAL, UnaryOp.SQUARE, UnaryOp.SIN, UnaryOp.COS,
-    }
-)  # fmt: skip
+_ONE_PASS = frozenset({UnaryOp.RELU, *_UFUNCS})
 #: The small-call path of each one-pass op: (function, whether it may raise a floating-point
 #: flag).
 _SMALL: dict[UnaryOp | BinaryOp, tuple[Block, bool]] = {
     op: (_UNARY[op], op not in _QUIET) for op in _ONE_PASS
 }
-#: Below this many elements a one-pass op is one ufunc call (no compiled kernel applies).
-DIRECT_LIMIT = KERNEL_THRESHOLD // 4
 #: The direct form of each one-pass op, for calls below :data:`DIRECT_LIMIT` elements:
 #: (ufunc, whether 0 is its second operand, whether it may raise a floating-point flag).
 #: Called straight from the hook: no Python frame between it and the ufunc.
 _DIRECT: dict[UnaryOp | BinaryOp, tuple[Callable[..., object], bool, bool]] = {
     UnaryOp.RELU: (np.fmax, True, False),  # NaN -> 0
-    UnaryOp.ABS: (np.absolute, False, False),
-    UnaryOp.NEG: (np.negative, False, False),
-    UnaryOp.TANH: (np.tanh, False, True),
-    UnaryOp.EXP: (np.exp, False, True),
-    UnaryOp.LOG: (np.log, False, True),
-    UnaryOp.SQRT: (np.sqrt, False, True),
-    UnaryOp.ERF: (scipy.special.erf, False, True),
-    UnaryOp.RECIPROCAL: (np.reciprocal, False, True),
-    UnaryOp.SQUARE: (np.square, False, True),
-    UnaryOp.SIN: (np.sin, False, True),
-    UnaryOp.COS: (np.cos, False, True),
+    **{op: (fn, False, op not in _QUIET) for op, (fn, _) in _UFUNCS.items()},
 }
-assert _DIRECT.keys() == _ONE_PASS
 
 _BINARY: dict[BinaryOp, Callable[..., object]] = {
     BinaryOp.ADD: np.add,
@@ -295,13 +285,7 @@ class ElementwiseOps(CpuPlumbing):
 
     def _exec_unary(self, p: v.ElementwiseProblem) -> None:
         dt = p.dtype
-        # _operand written out (the per-call path of the most frequent op)
-        a, o = p.a, p.out
-        x, out = a.allocation.view, o.allocation.view
-        if x is None or a is not a.allocation.whole or x.dtype is not dt:
-            x = self._flat(a, dt)
-        if out is None or o is not o.allocation.whole or out.dtype is not dt:
-            out = self._flat(o, dt)
+        x, out = _operand(self, p.a, dt), _operand(self, p.out, dt)
         if p.n < DIRECT_LIMIT:
             direct = _DIRECT.get(p.op)
             if direct is not None:
