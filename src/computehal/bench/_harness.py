@@ -11,7 +11,8 @@ machine ceiling or a reference implementation of the same problem). The harness
 3. times operation and limit *interleaved* (limit, op, op, limit, ...), after a pause of
    ``Limit.settle`` seconds before every timed call where the limit is a multi-threaded
    BLAS call (OpenBLAS worker threads spin for about 0.1 s after returning and would
-   take the cores from whatever runs next);
+   take the cores from whatever runs next; the same holds for onnxruntime's
+   intra-op threads, so its model rows pause too);
 4. forms the ratio within each round and reports the median over rounds, so that load
    from other processes moves both sides of a ratio alike.
 """

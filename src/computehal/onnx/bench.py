@@ -11,7 +11,12 @@ round with onnxruntime on the same model and inputs:
   512 cached positions, vocabulary 32000).
 
 Each row is the time per run and its ratio to onnxruntime's (on the CPU profile the
-target is 1.5x for ResNet-50 and the encoder). On OpenCL and Vulkan devices the same
+target is 1.5x for ResNet-50 and the encoder). Every timed run, ours and onnxruntime's,
+starts after a pause of :data:`ONNXRUNTIME_SETTLE_SECONDS`: onnxruntime's intra-op
+threads spin after a run returns (about 40 ms of CPU time on the two vCPUs measured
+here, over 20-50 ms), and the OpenBLAS threads some of our layers use spin for about
+0.1 s, so without the pause each side would run with the other's idle threads holding
+the cores (the harness pauses for BLAS limits the same way). On OpenCL and Vulkan devices the same
 models run on the device and the ratio to onnxruntime on the host is reported without
 a verdict. ``--quick`` shrinks the models to a smoke test (2 layers, batch 1).
 """
@@ -24,12 +29,15 @@ from typing import Any
 
 import numpy as np
 
-from ..bench import BenchContext, Case, Limit, Target, register_group
+from ..bench import BLAS_SETTLE_SECONDS, BenchContext, Case, Limit, Target, register_group
 from . import models
 from ._partition import FallbackWarning
 from ._session import InferenceSession
 
-__all__ = ["onnx_cases"]
+__all__ = ["ONNXRUNTIME_SETTLE_SECONDS", "onnx_cases"]
+
+#: Pause before each timed run of a model row (see the module notes); BLAS's pause.
+ONNXRUNTIME_SETTLE_SECONDS = BLAS_SETTLE_SECONDS
 
 
 def _onnxruntime(model: Any) -> Any:
@@ -69,7 +77,13 @@ def _case(
         run=lambda: session.run(None, feeds),
         unit="ms",
         work=0.0,
-        limit=Limit("onnxruntime CPU", lambda: reference.run(None, feeds), 0.0, kind="reference"),
+        limit=Limit(
+            "onnxruntime CPU",
+            lambda: reference.run(None, feeds),
+            0.0,
+            settle=ONNXRUNTIME_SETTLE_SECONDS,
+            kind="reference",
+        ),
         target=Target("time", target) if target is not None and ctx.profile == "cpu" else None,
         verify=verify,
         tolerance=1e-3,
