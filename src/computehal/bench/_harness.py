@@ -12,7 +12,8 @@ machine ceiling or a reference implementation of the same problem). The harness
    ``Limit.settle`` seconds before every timed call where the limit is a multi-threaded
    BLAS call (OpenBLAS worker threads spin for about 0.1 s after returning and would
    take the cores from whatever runs next; the same holds for onnxruntime's
-   intra-op threads, so its model rows pause too);
+   intra-op threads, so its model rows pause too, and for the CPU backend's own
+   workers, which poll for 2 ms, next to the host copy);
 4. forms the ratio within each round and reports the median over rounds, so that load
    from other processes moves both sides of a ratio alike.
 """
@@ -31,6 +32,7 @@ from ..errors import BackendError, UnsupportedError
 
 __all__ = [
     "BLAS_SETTLE_SECONDS",
+    "POLL_SETTLE_SECONDS",
     "BenchResult",
     "Case",
     "Compare",
@@ -47,6 +49,11 @@ Status = Literal["measured", "unsupported", "error", "mismatch"]
 
 #: Pause before each timed call next to a multi-threaded BLAS limit (see the module notes).
 BLAS_SETTLE_SECONDS = 0.2
+
+#: Pause before each timed sample next to the host copy: the CPU backend's idle worker
+#: threads poll for 2 ms after a call (:mod:`computehal.backends.cpu._workers`) and would
+#: hold a core the copy's threads need.
+POLL_SETTLE_SECONDS = 0.005
 
 
 @dataclass(frozen=True)
