@@ -110,7 +110,7 @@ class HostCeilings:
                 job.result()
 
         # Bytes read + written (the STREAM copy convention).
-        return Limit("host copy", run, 2.0 * src.nbytes, settle=POLL_SETTLE_SECONDS, kind="bandwidth")
+        return Limit("host copy", run, 2.0 * src.nbytes, quiet=POLL_SETTLE_SECONDS, kind="bandwidth")
 
 
 class Vendor(Protocol):
