@@ -277,18 +277,3 @@ def test_gpu_check_script_runs_its_phases_on_any_backend(tmp_path: Path) -> None
     assert "=== bench ===" in log and "gpu_check: PASS" in log
     assert (tmp_path / "cpu.json").exists()
     assert module.main(["--backend", "no-such-backend", "--out", str(tmp_path)]) == 2
-
-
-def test_interleaved_pauses_where_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``settle`` precedes every sample, ``quiet`` only the limit's; the order alternates."""
-    from computehal.bench import _harness
-
-    events: list[Any] = []
-    monkeypatch.setattr(_harness.time, "sleep", lambda s: events.append(round(s, 6)))
-    op = _harness._Side(lambda: events.append("op"), None)
-    limit = _harness._Side(lambda: events.append("limit"), None)
-    _harness.interleaved(op, limit, 2, settle=0.1, quiet=0.005)
-    assert events == [0.105, "limit", 0.1, "op", 0.1, "op", 0.105, "limit"]
-    events.clear()
-    _harness.interleaved(op, limit, 2, quiet=0.005)
-    assert events == [0.005, "limit", "op", "op", 0.005, "limit"]

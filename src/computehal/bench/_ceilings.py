@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from ..backend import ComputeBackend
 from ..errors import BackendError
-from ._harness import BLAS_SETTLE_SECONDS, POLL_SETTLE_SECONDS, Limit
+from ._harness import BLAS_SETTLE_SECONDS, Limit
 from ._sizes import Profile, Sizes
 
 __all__ = ["Ceilings", "HostCeilings", "Vendor", "build_ceilings"]
@@ -110,7 +110,7 @@ class HostCeilings:
                 job.result()
 
         # Bytes read + written (the STREAM copy convention).
-        return Limit("host copy", run, 2.0 * src.nbytes, quiet=POLL_SETTLE_SECONDS, kind="bandwidth")
+        return Limit("host copy", run, 2.0 * src.nbytes, kind="bandwidth")
 
 
 class Vendor(Protocol):

@@ -12,9 +12,7 @@ machine ceiling or a reference implementation of the same problem). The harness
    ``Limit.settle`` seconds before every timed call where the limit is a multi-threaded
    BLAS call (OpenBLAS worker threads spin for about 0.1 s after returning and would
    take the cores from whatever runs next; the same holds for onnxruntime's
-   intra-op threads, so its model rows pause too); and ``Limit.quiet`` seconds before
-   each of the limit's own samples alone (the CPU backend's workers poll for 2 ms after
-   a call, which would slow the host copy that follows);
+   intra-op threads, so its model rows pause too);
 4. forms the ratio within each round and reports the median over rounds, so that load
    from other processes moves both sides of a ratio alike.
 """
@@ -33,7 +31,6 @@ from ..errors import BackendError, UnsupportedError
 
 __all__ = [
     "BLAS_SETTLE_SECONDS",
-    "POLL_SETTLE_SECONDS",
     "BenchResult",
     "Case",
     "Compare",
@@ -51,11 +48,6 @@ Status = Literal["measured", "unsupported", "error", "mismatch"]
 #: Pause before each timed call next to a multi-threaded BLAS limit (see the module notes).
 BLAS_SETTLE_SECONDS = 0.2
 
-#: Pause before each timed sample of the host copy (not of the row timed against it): the
-#: CPU backend's idle worker threads poll for 2 ms after a call
-#: (:mod:`computehal.backends.cpu._workers`) and would hold a core the copy's threads need.
-POLL_SETTLE_SECONDS = 0.005
-
 
 @dataclass(frozen=True)
 class Limit:
@@ -72,9 +64,6 @@ class Limit:
         (0 for a reference compared by time only).
     settle : float
         Seconds of pause before each timed call (:data:`BLAS_SETTLE_SECONDS` for BLAS).
-    quiet : float
-        Seconds of pause before each timed sample of the limit only (not of the row),
-        for threads the row leaves polling (:data:`POLL_SETTLE_SECONDS`).
     kind : {"compute", "bandwidth", "reference"}
         Ceilings of the roofline are "compute" and "bandwidth".
     """
@@ -83,7 +72,6 @@ class Limit:
     run: Callable[[], object]
     work: float
     settle: float = 0.0
-    quiet: float = 0.0
     kind: Literal["compute", "bandwidth", "reference"] = "compute"
 
 
@@ -267,19 +255,17 @@ class _Side:
 
 
 def interleaved(
-    op: _Side, limit: _Side, repeats: int, settle: float = 0.0, quiet: float = 0.0
+    op: _Side, limit: _Side, repeats: int, settle: float = 0.0
 ) -> tuple[list[float], list[float]]:
     """Time ``op`` and ``limit`` alternately ``repeats`` times each; return their seconds per call.
 
     The order within a round alternates, so that neither side always runs first (warm
-    caches, clock boost); ``settle`` seconds of sleep precede every timed sample, and
-    ``quiet`` more seconds every sample of the limit.
+    caches, clock boost); ``settle`` seconds of sleep precede every timed sample.
     """
 
     def timed(side: _Side) -> float:
-        pause = settle + quiet if side is limit else settle
-        if pause:
-            time.sleep(pause)
+        if settle:
+            time.sleep(settle)
         return _sample(side.fn, side.sync, side.calls)
 
     op_times: list[float] = []
@@ -350,9 +336,7 @@ def measure(
     limit_side = _Side(case.limit.run, None)
     try:
         limit_side.calls = calls_per_sample(_sample(limit_side.fn, None, 1), min_sample_s)
-        op_times, limit_times = interleaved(
-            op_side, limit_side, repeats, settle=case.limit.settle, quiet=case.limit.quiet
-        )
+        op_times, limit_times = interleaved(op_side, limit_side, repeats, settle=case.limit.settle)
     except Exception as exc:  # noqa: BLE001 - reported in the row
         base.status, base.note = "error", _describe(exc)
         return base

@@ -118,8 +118,8 @@ def _sample_ceilings(ceilings: Ceilings, run: BenchRun, repeats: int) -> None:
         limit.run()
         rates = []
         for _ in range(max(1, repeats // 2)):
-            if limit.settle or limit.quiet:
-                time.sleep(limit.settle + limit.quiet)
+            if limit.settle:
+                time.sleep(limit.settle)
             start = time.perf_counter()
             limit.run()
             rates.append(limit.work / (time.perf_counter() - start) / 1e9)
