@@ -16,13 +16,12 @@ import os
 import platform
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 
 import numpy as np
-
-from ._workers import WorkerPool
 
 __all__ = [
     "PARALLEL_THRESHOLD",
@@ -45,7 +44,7 @@ PARALLEL_THRESHOLD = 1 << 16
 
 # --------------------------------------------------------------------------- threads
 
-_pool: WorkerPool | None = None
+_pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 
@@ -55,23 +54,13 @@ def workers() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
-def _thread_pool() -> WorkerPool:
+def _thread_pool() -> ThreadPoolExecutor:
     global _pool
     if _pool is None:
         with _pool_lock:
             if _pool is None:
-                _pool = WorkerPool(max(1, workers() - 1))
+                _pool = ThreadPoolExecutor(max_workers=workers(), thread_name_prefix="computehal-cpu")
     return _pool
-
-
-def _forget_pool() -> None:
-    """In a forked child: the parent's threads do not exist there; start a new pool on demand."""
-    global _pool, _pool_lock
-    _pool, _pool_lock = None, threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool)
 
 
 def parallel_ranges(total: int, fn: Callable[[int, int], None], grain: int = PARALLEL_THRESHOLD) -> None:
@@ -85,13 +74,12 @@ def parallel_ranges(total: int, fn: Callable[[int, int], None], grain: int = PAR
             fn(0, total)
         return
     bounds = [total * i // parts for i in range(parts + 1)]
-    pool = _thread_pool()
-    tasks = [pool.submit(fn, bounds[i], bounds[i + 1]) for i in range(1, parts)]
+    futures = [_thread_pool().submit(fn, bounds[i], bounds[i + 1]) for i in range(1, parts)]
     try:
         fn(bounds[0], bounds[1])
     finally:
-        for task in tasks:
-            pool.wait(task)
+        for future in futures:
+            future.result()
 
 
 def parallel_pull(count: int, worker: Callable[[Iterator[int]], None]) -> None:
@@ -106,13 +94,12 @@ def parallel_pull(count: int, worker: Callable[[Iterator[int]], None]) -> None:
     if parts <= 1:
         worker(items)
         return
-    pool = _thread_pool()
-    tasks = [pool.submit(worker, items) for _ in range(parts - 1)]
+    futures = [_thread_pool().submit(worker, items) for _ in range(parts - 1)]
     try:
         worker(items)
     finally:
-        for task in tasks:
-            pool.wait(task)
+        for future in futures:
+            future.result()
 
 
 # --------------------------------------------------------------------------- floating-point errors
