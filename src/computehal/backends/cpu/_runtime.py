@@ -5,6 +5,18 @@ Everything here is shared by every :class:`~computehal.backends.cpu.CpuBackend` 
 process: one pool of worker threads (NumPy ufuncs, BLAS and the numba kernels release
 the GIL, so ranges split over it use every core), one reference-counted BLAS limit, and
 each compiled kernel module loaded once.
+
+The pool is a plain :class:`~concurrent.futures.ThreadPoolExecutor`, whose idle threads
+sleep. Waking one is slow in this project's 2-vCPU VM (a halted vCPU: a task submitted
+after a 1-10 ms pause started 100-200 us later at the median, up to 700 us at the 90th
+percentile). A pool whose idle workers poll before sleeping (a compiled spin-wait on a
+counter, without the GIL, as OpenMP runtimes and onnxruntime do) was built and measured
+(session 8) and not kept: polling for 2 ms after a call took a core from whatever ran
+next (a two-thread 128 MB copy right after a column softmax took 10.3-11.9 ms against
+7.8-8.2), and polling for 0.2 ms gave no gain that rose above the noise in whole models
+(the ONNX runner, runs alternating with this pool in one process, paired medians:
+ResNet-50 at batch 1 1.03 of the time, the BERT-base encoder at sequence 128 0.98 and
+1.07), since the GIL hand-offs between the caller and a worker sleep on a futex too.
 """
 
 from __future__ import annotations
