@@ -258,3 +258,20 @@ def test_blas_limit_holds_in_every_caller_thread() -> None:
     worker.join(timeout=60)
     assert seen == [[1] * len(before), before]
     assert _blas_threads() == before
+
+
+@pytest.mark.skipif(host_memory._PRIVATE is None, reason="no private anonymous mappings here")
+@pytest.mark.parametrize("extra", [0, 3 << 18])
+def test_blocks_from_one_huge_page_start_on_its_boundary(be: CpuBackend, extra: int) -> None:
+    """From :data:`HUGE_BYTES` (one huge page) on, a block is aligned for transparent huge pages."""
+    assert host_memory.HUGE_BYTES <= host_memory.HUGE_PAGE
+    size = host_memory.HUGE_BYTES + extra
+    ptr = be.alloc(size)
+    try:
+        assert ptr % host_memory.HUGE_PAGE == 0
+        be.copy_htod(ptr, np.arange(size // 4, dtype=np.float32))
+        got = np.empty(size // 4, dtype=np.float32)
+        be.copy_dtoh(got, ptr)
+        assert np.array_equal(got, np.arange(size // 4, dtype=np.float32))
+    finally:
+        be.free(ptr)
