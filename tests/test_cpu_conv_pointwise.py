@@ -7,6 +7,7 @@ and nothing written past the output.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -141,3 +142,27 @@ def test_product_rows_matches_float64(rows: int, depth: int, width: int, accumul
     outside[y_off : y_off + rows * y_ld] = False
     outside[y_off : y_off + rows * y_ld] = np.tile(np.arange(y_ld) >= width, rows)
     np.testing.assert_array_equal(y[outside], before[outside])
+
+
+def test_batch1_blocks_pulled_by_every_thread() -> None:
+    """The compiled pull loop of one image covers every block once, whatever thread takes it."""
+    from computehal.backends.cpu import _runtime
+
+    par = _runtime.kernels("_kgemm_par")
+    if par is None:
+        pytest.skip("numba cannot compile here")
+    rng = np.random.default_rng(5)
+    k, c, pixels = 200, 48, 196
+    f = rng.standard_normal((k, c)).astype(F32)
+    x = rng.standard_normal((c, pixels)).astype(F32)
+    bias = rng.standard_normal(k).astype(F32)
+    want = f.astype(np.float64) @ x.astype(np.float64) + bias.astype(np.float64)[:, None]
+    for threads in (1, 2, 5):
+        y = np.full((k, pixels), np.nan, dtype=F32)
+        par.pointwise_image(
+            f.ravel(), bias, k, c, x.ravel(), pixels, y.ravel(), 64, y.ravel(), 0, threads=threads
+        )
+        assert np.allclose(y, want, rtol=1e-4, atol=1e-4)
+    seen: list[int] = []
+    _runtime.on_every_thread(lambda: seen.append(threading.get_ident()), threads=2)
+    assert len(seen) == min(2, _runtime.workers())

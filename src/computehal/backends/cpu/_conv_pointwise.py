@@ -240,24 +240,35 @@ def _pointwise_compiled(
 
     ``epilogue``: the residual (or None) and the kernel's epilogue mode bits.
 
-    Where every task multiplies the whole image (one image split by output channels)
-    each task packs its own filter panels; otherwise the caller packs them all first.
+    One image runs as one compiled call of :mod:`._kgemm_par` (its parallel loop over
+    blocks of output channels on numba's threads, each block packing its own panels)
+    where numba has a threading layer. Otherwise, where every task multiplies the whole
+    image (one image split by output channels) each task packs its own filter panels;
+    else the caller packs them all first.
     Operands go to the kernel as flat arrays and offsets (no views built per task).
     """
     n, c = x.shape[0], x.shape[1]
     k, oh, ow = y.shape[1], y.shape[2], y.shape[3]
     rows, pixels = compiled.ROWS, oh * ow
+    start = np.zeros(k, dtype=np.float32) if bias is None else np.ascontiguousarray(bias)
+    residual, mode = epilogue
+    whole = kernels("_kgemm_par") if n == 1 else None
+    if whole is not None:  # one image: the whole parallel loop in one compiled call
+        flat_out = y.reshape(-1)
+        flat_r = flat_out if residual is None else residual
+        whole.pointwise_image(
+            fmat.reshape(-1), start, k, c, x.reshape(-1), pixels, flat_out, KERNEL_CHUNK, flat_r, mode
+        )
+        return
     tasks = pointwise_tasks(n, oh, ow, k, 2 if n > 1 else KERNEL_TASKS_PER_THREAD, rows)
     in_task = n == 1 and all(t[1] == 0 and t[2] == oh for t in tasks)
     panels = -(-k // rows)
     packed = np.empty(panels * rows * c, dtype=np.float32)
     pbias = np.empty(panels * rows, dtype=np.float32)
-    start = np.zeros(k, dtype=np.float32) if bias is None else np.ascontiguousarray(bias)
     flat_f = fmat.reshape(-1)
     if not in_task:
         compiled.pack_filter(flat_f, c, start, k, c, rows, packed, pbias)
     flat_y, flat_x = y.reshape(-1), x.reshape(-1)
-    residual, mode = epilogue
     flat_r = flat_y if residual is None else residual
     block = compiled.pixel_block(min(c, KERNEL_CHUNK))
 

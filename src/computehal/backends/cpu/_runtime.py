@@ -43,6 +43,7 @@ __all__ = [
     "kernels",
     "memory_available",
     "memory_total",
+    "on_every_thread",
     "parallel_pull",
     "parallel_ranges",
     "single_threaded_blas",
@@ -89,6 +90,21 @@ def parallel_ranges(total: int, fn: Callable[[int, int], None], grain: int = PAR
     futures = [_thread_pool().submit(fn, bounds[i], bounds[i + 1]) for i in range(1, parts)]
     try:
         fn(bounds[0], bounds[1])
+    finally:
+        for future in futures:
+            future.result()
+
+
+def on_every_thread(call: Callable[..., object], *args: object, threads: int | None = None) -> None:
+    """Run ``call(*args)`` on the calling thread and, at the same time, on pool threads.
+
+    ``threads`` in all (every worker by default). The calls share their work through
+    their arguments (compiled code pulling blocks from one atomic counter).
+    """
+    count = workers() if threads is None else max(1, min(threads, workers()))
+    futures = [_thread_pool().submit(call, *args) for _ in range(count - 1)]
+    try:
+        call(*args)
     finally:
         for future in futures:
             future.result()
