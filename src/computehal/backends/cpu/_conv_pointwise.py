@@ -67,8 +67,10 @@ from ._scratch import thread_scratch
 
 __all__ = ["pointwise_forward", "pointwise_backward_data", "pointwise_backward_filter", "pointwise_tasks"]
 
-#: Tasks per thread of a compiled 1x1 layer on one image. The kernel's rate does not drop
-#: with fewer output channels per task (BLAS's does), but finer tasks did not pay either:
+#: Tasks per thread of a compiled 1x1 layer run as pool tasks (several images; one image
+#: runs on :mod:`._kgemm_par`). Measured when one image ran as tasks too: the kernel's
+#: rate does not drop with fewer output channels per task (BLAS's does), but finer tasks
+#: did not pay either:
 #: two workers, wall time, medians of 30 interleaved, quiet machine, 2 / 4 / 8 tasks per
 #: thread: 64 -> 256 at 56x56 186 / 167 / 169 GFLOP/s, 256 -> 1024 at 14x14 199 / 179 /
 #: 172, 512 -> 128 at 28x28 203 / 204 / 204; with another process on one core, 1 to 4
@@ -240,12 +242,10 @@ def _pointwise_compiled(
 
     ``epilogue``: the residual (or None) and the kernel's epilogue mode bits.
 
-    One image runs as one compiled call of :mod:`._kgemm_par` (its parallel loop over
-    blocks of output channels on numba's threads, each block packing its own panels)
-    where numba has a threading layer. Otherwise, where every task multiplies the whole
-    image (one image split by output channels) each task packs its own filter panels;
-    else the caller packs them all first.
-    Operands go to the kernel as flat arrays and offsets (no views built per task).
+    One image runs as one compiled call per thread (:mod:`._kgemm_par`: the caller and
+    the pool's workers pull blocks of output channels, each packing its own panels).
+    Several images run as pulled tasks over the filter packed once by the caller; the
+    operands go to the kernel as flat arrays and offsets (no views built per task).
     """
     n, c = x.shape[0], x.shape[1]
     k, oh, ow = y.shape[1], y.shape[2], y.shape[3]
@@ -260,14 +260,12 @@ def _pointwise_compiled(
             fmat.reshape(-1), start, k, c, x.reshape(-1), pixels, flat_out, KERNEL_CHUNK, flat_r, mode
         )
         return
-    tasks = pointwise_tasks(n, oh, ow, k, 2 if n > 1 else KERNEL_TASKS_PER_THREAD, rows)
-    in_task = n == 1 and all(t[1] == 0 and t[2] == oh for t in tasks)
+    tasks = pointwise_tasks(n, oh, ow, k, KERNEL_TASKS_PER_THREAD, rows)
     panels = -(-k // rows)
     packed = np.empty(panels * rows * c, dtype=np.float32)
     pbias = np.empty(panels * rows, dtype=np.float32)
     flat_f = fmat.reshape(-1)
-    if not in_task:
-        compiled.pack_filter(flat_f, c, start, k, c, rows, packed, pbias)
+    compiled.pack_filter(flat_f, c, start, k, c, rows, packed, pbias)
     flat_y, flat_x = y.reshape(-1), x.reshape(-1)
     flat_r = flat_y if residual is None else residual
     block = compiled.pixel_block(min(c, KERNEL_CHUNK))
@@ -275,11 +273,6 @@ def _pointwise_compiled(
     def run(items: Iterator[int]) -> None:
         for t in items:
             i, r0, r1, k0, k1 = tasks[t]
-            if in_task:
-                at = k0 // rows * rows * c
-                compiled.pack_filter(
-                    flat_f[k0 * c :], c, start[k0:], k1 - k0, c, rows, packed[at:], pbias[k0 // rows * rows :]
-                )
             compiled.product_packed(
                 packed, pbias, k0 // rows, k1 - k0, c, flat_x, i * c * pixels + r0 * ow, pixels,
                 flat_y, (i * k + k0) * pixels + r0 * ow, pixels, (r1 - r0) * ow, block, KERNEL_CHUNK,

@@ -117,17 +117,7 @@ def parallel_pull(count: int, worker: Callable[[Iterator[int]], None]) -> None:
     atomic under the GIL), so a thread slowed by other processes simply takes fewer
     items. ``worker`` sets up its per-thread scratch once and then iterates ``items``.
     """
-    items = iter(range(count))
-    parts = min(workers(), count)
-    if parts <= 1:
-        worker(items)
-        return
-    futures = [_thread_pool().submit(worker, items) for _ in range(parts - 1)]
-    try:
-        worker(items)
-    finally:
-        for future in futures:
-            future.result()
+    on_every_thread(worker, iter(range(count)), threads=count)
 
 
 # --------------------------------------------------------------------------- floating-point errors
