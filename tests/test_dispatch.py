@@ -29,6 +29,12 @@ def test_wrappers_have_the_contracts_signatures(method: str) -> None:
         assert inspect.signature(getattr(cls, method)) == contract, f"{cls.__name__}.{method}"
 
 
+def test_forwarding_backend_forwards_every_public_method() -> None:
+    """None falls through to the ABC's default (which would answer for the wrapped backend)."""
+    missing = [method for method in PUBLIC_METHODS if method not in vars(ForwardingBackend)]
+    assert not missing, missing
+
+
 def test_every_op_has_a_generated_table_method_and_a_hook() -> None:
     for op in ALL_OPS:
         assert op in vars(TableBackend), op

@@ -33,6 +33,7 @@ OPERATIONS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     "synchronize": ((), {}),
     "alloc": ((64,), {}),
     "free": ((P,), {}),
+    "freeze": ((P,), {}),
     "copy_htod": ((P, b"\x00" * 8), {}),
     "copy_dtoh": ((bytearray(8), P), {}),
     "gemm": (("N", "N", 2, 2, 2, 1.0, P, 2, P, 2, 0.0, P, 2), {"dtype": "float32"}),
@@ -75,7 +76,7 @@ def test_operation_table_covers_the_interface() -> None:
         if callable(value) and not name.startswith("_") and name != "close"
     }
     assert public - allowed - DESCRIPTIVE == set(OPERATIONS)
-    assert len(public) == 24 + len(EXTENSION_OPS) + len({"allocation_of", "borrow"} | DESCRIPTIVE)
+    assert len(public) == 24 + len(EXTENSION_OPS) + len({"allocation_of", "borrow", "freeze"} | DESCRIPTIVE)
 
 
 @pytest.mark.parametrize("operation", sorted(OPERATIONS))

@@ -107,7 +107,7 @@ EXTENSION_OPS: tuple[str, ...] = (
 ALL_OPS: tuple[str, ...] = COMPUTE_OPS + EXTENSION_OPS
 
 #: The memory methods of the trait.
-MEMORY_OPS: tuple[str, ...] = ("alloc", "free", "copy_htod", "copy_dtoh")
+MEMORY_OPS: tuple[str, ...] = ("alloc", "free", "copy_htod", "copy_dtoh", "freeze")
 
 #: A shape or stride/padding list: any sequence of non-negative ints.
 Shape = Sequence[int]
@@ -273,6 +273,29 @@ class ComputeBackend(abc.ABC):
         """
         raise _unsupported(self, "fill")
 
+    def freeze(self, ptr: int) -> None:
+        """*Extension.* Make the allocation holding ``ptr`` read-only: constant data such as weights.
+
+        From this call until :meth:`free`, every operation that would write into the
+        allocation (an op's output, :meth:`copy_htod`, :meth:`fill`, ...) raises
+        :class:`~computehal.InvalidArgumentError` before touching memory, reading it is
+        unchanged, and :meth:`host_view` gives read-only views. In return the backend may
+        keep data derived from its contents between calls without checking them again (the
+        CPU backend's transformed Winograd filters). Freezing is idempotent and cannot be
+        undone. The caller promises not to write the memory by other means either (its raw
+        address, or a view taken from another library): those writes are not seen.
+
+        Raises
+        ------
+        InvalidArgumentError
+            If ``ptr`` points into no live allocation, into borrowed memory (its owner
+            can write it), or into an allocation of which a writable host view was
+            handed out.
+        UnsupportedError
+            The default, for backends that cannot enforce it.
+        """
+        raise _unsupported(self, "freeze")
+
     def allocation_of(self, ptr: int) -> AllocationInfo | None:
         """*Extension.* The live allocation holding ``ptr``, or None if there is none.
 
@@ -288,7 +311,9 @@ class ComputeBackend(abc.ABC):
         Backends whose memory is host memory (the CPU backend) return a zero-copy
         ``memoryview`` (it keeps the memory alive, but is meaningless after
         :meth:`free`); device backends return None. The range is checked like any
-        operand. The default returns None.
+        operand. A frozen allocation (:meth:`freeze`) gives read-only views; one of
+        which a writable view was handed out can no longer be frozen. The default
+        returns None.
         """
         return None
 
@@ -1052,6 +1077,7 @@ class ForwardingBackend(ComputeBackend):
     synchronize = _forward("synchronize")
     alloc = _forward("alloc")
     free = _forward("free")
+    freeze = _forward("freeze")
     copy_htod = _forward("copy_htod")
     copy_dtoh = _forward("copy_dtoh")
     copy_dtod = _forward("copy_dtod")
@@ -1084,3 +1110,4 @@ class ForwardingBackend(ComputeBackend):
     capabilities = _forward("capabilities")
     available_devices = _forward("available_devices")
     recommended_tile_for = _forward("recommended_tile_for")
+    gemm_weight_panel = _forward("gemm_weight_panel")

@@ -49,6 +49,8 @@ __all__ = [
 
 #: Every allocation's base address is a multiple of this many bytes.
 ALIGNMENT = 64
+#: Serials of allocations, unique in the process (caches of derived data key by them).
+_SERIALS = itertools.count(1)
 
 
 @dataclass(eq=False, slots=True)
@@ -58,9 +60,11 @@ class Allocation:
     ``payload`` is whatever the backend needs to reach the memory (a NumPy byte
     array, a ``cl.Buffer``, a wgpu buffer, a CuPy memory object). ``borrowed``
     allocations were registered from outside and are never freed by the backend.
-    ``serial`` is unique per table and never reused (an address may be, eventually);
+    ``serial`` is unique in the process and never reused (an address may be, eventually);
     ``pins`` counts the operations using the allocation; ``freed`` is set when it is
-    unregistered (its memory may still be pinned by a running operation).
+    unregistered (its memory may still be pinned by a running operation). ``frozen``:
+    no operation may write it any more (:meth:`PointerTable.freeze`); ``exposed``: a
+    writable host view of it was handed out (it can then no longer be frozen).
 
     Two caches save objects on every call. ``whole`` is the region of the whole
     allocation, made by the first operand that spans it and handed to the next ones.
@@ -78,6 +82,8 @@ class Allocation:
     serial: int = 0
     pins: int = 0
     freed: bool = False
+    frozen: bool = False
+    exposed: bool = False
     view: Any = None
     whole: Region | None = None
 
@@ -338,7 +344,6 @@ class PointerTable:
         self._freed: OrderedDict[int, int] = OrderedDict()
         self._remember = remember
         self._release = release
-        self._serials = itertools.count(1)
         self._leases = 0
         self._waiting = 0
         self._last: Allocation | None = None
@@ -355,7 +360,7 @@ class PointerTable:
                 raise InvalidArgumentError(f"range at {allocation.base:#x} overlaps a live allocation")
             if i < len(self._bases) and self._bases[i] < allocation.end:
                 raise InvalidArgumentError(f"range at {allocation.base:#x} overlaps a live allocation")
-            allocation.serial = next(self._serials)
+            allocation.serial = next(_SERIALS)
             allocation.freed = False
             self._bases.insert(i, allocation.base)
             self._by_base[allocation.base] = allocation
@@ -468,6 +473,42 @@ class PointerTable:
             if nbytes > allocation.end - address:
                 raise _too_short(name, address, nbytes, allocation)
         return Region(allocation, address - allocation.base, nbytes)
+
+    def freeze(self, name: str, ptr: object) -> None:
+        """Make the live allocation holding ``ptr`` read-only to every later operation.
+
+        Idempotent. Raises
+        ------
+        InvalidArgumentError
+            If ``ptr`` points into no live allocation, into borrowed memory (its owner
+            writes it behind the table), or into one of which a writable host view was
+            handed out.
+        """
+        address = as_pointer(name, ptr)
+        with self._lock:
+            allocation = self._by_base.get(address) or self._find(address)
+            if allocation is None or address == allocation.end:
+                raise self._missing(name, address)
+            if allocation.borrowed:
+                raise InvalidArgumentError(f"{name} = {address:#x} is borrowed: its owner writes it")
+            if allocation.exposed:
+                raise InvalidArgumentError(
+                    f"{name} = {address:#x}: a writable host view of its allocation was handed out"
+                )
+            allocation.frozen = True
+
+    def expose(self, region: Region) -> bool:
+        """Record that ``region``'s memory is handed out as a host view; False: it must be read-only.
+
+        A frozen allocation gives read-only views; any other is marked exposed, and can
+        then no longer be frozen (a view cannot be taken back).
+        """
+        allocation = region.allocation
+        with self._lock:
+            if allocation.frozen:
+                return False
+            allocation.exposed = True
+            return True
 
     def info(self, ptr: object) -> AllocationInfo | None:
         """The live allocation holding ``ptr`` (base .. end inclusive), or None."""

@@ -102,6 +102,8 @@ try:
     lease = _Lease(self._table)
     try:
         p = _validate(lease, {call})
+        if p.OUTPUTS:
+            _writable({name!r}, p)
         plan = self._plans.get({name!r})
         if plan is not None and p.dtype in plan[0] and p.runs_as_is():
             plan[1](self, p)
@@ -118,6 +120,17 @@ except Exception as exc:
 """
 
 
+def _writable(op: str, p: v.Problem) -> None:
+    """Raise unless every output of ``p`` lies in an allocation that may be written (not frozen)."""
+    for name in p.OUTPUTS:
+        region = getattr(p, name)
+        if region is not None and region.allocation.frozen:
+            raise InvalidArgumentError(
+                f"{op}: its output ({name}) is in a frozen allocation at {region.allocation.base:#x}, "
+                "which no operation may write (see freeze)"
+            )
+
+
 def _operation(op: str) -> Any:
     """The public method of ``op``: open a lease, validate, dispatch (signature from the contract).
 
@@ -129,6 +142,7 @@ def _operation(op: str) -> Any:
         {
             "__name__": __name__,
             "_validate": v.VALIDATORS[op],
+            "_writable": _writable,
             "_Lease": Lease,
             "_BackendError": BackendError,
             "_NotInitializedError": NotInitializedError,
@@ -334,11 +348,17 @@ class TableBackend(ComputeBackend):
         self._memory().free("ptr", ptr)
 
     @guarded
+    def freeze(self, ptr: int) -> None:
+        self._memory().freeze("ptr", ptr)
+
+    @guarded
     def copy_htod(self, dst: int, src: Any) -> None:
         table = self._memory()
         data = v.host_buffer("src", src, writable=False)
         with table.lease() as lease:
             region = lease.resolve("dst", dst, data.nbytes)
+            if region.allocation.frozen:
+                raise InvalidArgumentError(f"dst = {region.ptr:#x} is in a frozen allocation (see freeze)")
             if data.nbytes:
                 self._write(region, data)
 

@@ -3,8 +3,9 @@
 A plan is made per set of input shapes; the constants it reads are mostly the model's own
 initializers, which do not change between plans. They are keyed by name (the model's
 load-time constants) or, for constants a specialisation computed (a slice of a position
-table for one sequence length), by content; each key is uploaded once per backend and
-freed when the session closes.
+table for one sequence length), by content; each key is uploaded once per backend,
+frozen (``ComputeBackend.freeze``: read-only, so the backend may keep data derived from
+it, such as transformed convolution filters) and freed when the session closes.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import threading
 import numpy as np
 
 from ..backend import ComputeBackend
+from ..errors import UnsupportedError
 from ._tensors import Storage
 
 __all__ = ["WeightStore", "content_key"]
@@ -25,6 +27,14 @@ def content_key(array: np.ndarray) -> str:
     data = np.ascontiguousarray(array)
     digest = hashlib.blake2b(data.reshape(-1).view(np.uint8).data, digest_size=16).hexdigest()
     return f"content:{data.dtype.str}:{data.shape}:{digest}"
+
+
+def _freeze(backend: ComputeBackend, ptr: int) -> None:
+    """Freeze a weight's allocation where the backend can (it may then keep derived data)."""
+    try:
+        backend.freeze(ptr)
+    except UnsupportedError:
+        pass
 
 
 class WeightStore:
@@ -45,6 +55,7 @@ class WeightStore:
                 ptr = backend.alloc(max(1, data.nbytes))
                 if data.nbytes:
                     backend.copy_htod(ptr, data.reshape(-1).view(np.uint8))
+                _freeze(backend, ptr)
                 found = table[storage.key] = (ptr, data.nbytes)
             return found[0]
 

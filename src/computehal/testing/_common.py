@@ -61,7 +61,7 @@ DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32", "float64")
 SHORT: dict[str, str] = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64"}
 
 #: Case groups, in report order: every compute method of the contract, then memory and lifecycle.
-OPS: tuple[str, ...] = (*ALL_OPS, "alloc", "free", "copy", "lifecycle")
+OPS: tuple[str, ...] = (*ALL_OPS, "alloc", "free", "copy", "freeze", "lifecycle")
 
 
 def eps_of(dtype: Any) -> float:

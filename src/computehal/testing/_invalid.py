@@ -15,6 +15,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from ..backend import ComputeBackend
 from ..errors import BackendError, InvalidArgumentError, UnsupportedError
 from ._common import Case, note_refused, offered
@@ -176,6 +178,40 @@ def _run_mutations(be: ComputeBackend, method: str, kind: str) -> float:
     return 0.0
 
 
+def _frozen_operands(be: ComputeBackend, method: str) -> float:
+    """Each pointer operand in turn in a frozen allocation: the call writes nothing frozen.
+
+    Either it raises InvalidArgumentError having written nothing at all (the operand is
+    an output), or it runs and leaves the frozen operand's bytes as they were (an input);
+    at least one operand (the output) must be refused.
+    """
+    with _DryWorkspace() as dry:
+        names = list(build_call(dry, method).pointers)  # type: ignore[arg-type]
+    refused = []
+    for name in names:
+        with Workspace(be, tail=0) as ws:
+            spec = build_call(ws, method)
+            if not offered(be, method, spec.dtype):
+                return 0.0
+            block = ws.block(spec.get(name))
+            try:
+                be.freeze(block.base)
+            except UnsupportedError:
+                return 0.0  # a backend that cannot freeze says so
+            try:
+                spec.call(be)
+            except InvalidArgumentError:
+                refused.append(name)
+                ws.check_unchanged()
+                continue
+            after = ws.read_block(block)
+            if not np.array_equal(after, block.contents):
+                raise AssertionError(f"{method} wrote into the frozen allocation of {name}")
+    if not refused:
+        raise AssertionError(f"{method} wrote its output into a frozen allocation")
+    return 0.0
+
+
 def _with_unsupported(expected: Expected) -> tuple[type[BackendError], ...]:
     as_tuple = expected if isinstance(expected, tuple) else (expected,)
     return (*as_tuple, UnsupportedError)
@@ -239,4 +275,5 @@ def invalid_cases() -> list[Case]:
             cases.append(
                 Case(method, f"bad-{label}", functools.partial(_run_mutations, method=method, kind=label))
             )
+        cases.append(Case(method, "bad-frozen-output", functools.partial(_frozen_operands, method=method)))
     return cases

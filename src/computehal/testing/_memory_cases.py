@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..backend import ComputeBackend
-from ..errors import InvalidArgumentError, OutOfMemoryError
+from ..errors import InvalidArgumentError, OutOfMemoryError, UnsupportedError
 from ..types import Capabilities, DeviceInfo, TileShape
 from ._common import Case, assert_bits_equal, rng_for
 from .workspace import Workspace, expect_error
@@ -288,6 +288,69 @@ def _copy_bad(be: ComputeBackend) -> float:
     return 0.0
 
 
+# --------------------------------------------------------------------------- freeze
+
+
+def _frozen(be: ComputeBackend, ptr: int) -> bool:
+    """Freeze ``ptr``; False when the backend says it cannot (the ABC's default)."""
+    try:
+        be.freeze(ptr)
+    except UnsupportedError:
+        return False
+    return True
+
+
+def _freeze_refuses_writes(be: ComputeBackend) -> float:
+    """A frozen allocation: every write refused before it touches memory, reads as before."""
+    size = 256
+    original = _pattern("frozen", size)
+    with _Allocations(be) as mem:
+        ptr, other = mem.alloc(size), mem.alloc(size)
+        be.copy_htod(ptr, original)
+        be.copy_htod(other, np.zeros(size, dtype=np.uint8))
+        if not _frozen(be, ptr + 17):  # an interior pointer freezes its whole allocation
+            return 0.0
+        be.freeze(ptr)  # idempotent
+        writes: list[tuple[str, Callable[[], None]]] = [
+            ("copy_htod into it", lambda: be.copy_htod(ptr, bytes(size))),
+            ("copy_htod at an interior pointer", lambda: be.copy_htod(ptr + 100, b"\x01")),
+            ("copy_dtod into it", lambda: be.copy_dtod(ptr + 64, other, 64)),
+            ("fill of it", lambda: be.fill(ptr, 8, 1.0)),
+            ("an op writing it", lambda: be.unary("relu", other, ptr, 4)),
+        ]
+        for what, call in writes:
+            with expect_error((InvalidArgumentError, UnsupportedError), what):
+                call()
+            assert_bits_equal(f"frozen allocation after refused {what}", _read(be, ptr, size), original)
+        be.copy_dtod(other, ptr, size)  # reading it is unchanged
+        assert_bits_equal("copy_dtod out of a frozen allocation", _read(be, other, size), original)
+        view = be.host_view(ptr, size)
+        if view is not None and not view.readonly:
+            raise AssertionError("host_view of a frozen allocation is writable")
+    return 0.0
+
+
+def _freeze_bad(be: ComputeBackend) -> float:
+    """Pointers that cannot be frozen: unknown, freed, past the end, of the wrong type, host-viewed."""
+    with _Allocations(be) as mem:
+        ptr = mem.alloc(64)
+        if not _frozen(be, ptr):
+            return 0.0
+        freed = mem.alloc(64)
+        mem.free(freed)
+        viewed = mem.alloc(64)
+        bad: list[tuple[str, Any]] = [
+            ("0", 0), ("an unknown pointer", 0x40), ("a freed pointer", freed), ("the end pointer", ptr + 64),
+            ("None", None), ("a float", float(ptr)), ("a str", hex(ptr)), ("-1", -1), ("2**64", 2**64),
+        ]  # fmt: skip
+        if be.host_view(viewed, 64) is not None:
+            bad.append(("an allocation of which a writable host view was handed out", viewed))
+        for what, value in bad:
+            with expect_error(InvalidArgumentError, f"freeze({what})"):
+                be.freeze(value)
+    return 0.0
+
+
 def _readonly(n: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
     arr = np.zeros(n, dtype=np.uint8)
     arr.setflags(write=False)
@@ -398,6 +461,8 @@ def memory_cases() -> list[Case]:
         Case("copy", "zero-length", _copy_zero_length),
         Case("copy", "large-8MiB", _copy_large),
         Case("copy", "bad-ranges-and-buffers", _copy_bad),
+        Case("freeze", "refuses-writes-keeps-reads", _freeze_refuses_writes),
+        Case("freeze", "bad-pointers", _freeze_bad),
         Case("lifecycle", "init-idempotent", _lifecycle_init_idempotent),
         Case("lifecycle", "introspection", _lifecycle_introspection),
         Case("lifecycle", "recommended-tile", _lifecycle_tiles),

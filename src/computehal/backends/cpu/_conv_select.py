@@ -383,15 +383,17 @@ def _fused_forward(p: v.ConvProblem, algorithm: str, operands: tuple[Any, ...], 
     """:func:`fast_forward` by ``algorithm`` (not the 1x1 product), ReLU applied as it stores if ``relu``."""
     x, f, bias, y = operands
     pads = (p.ph, p.pw)
+    frozen = (p.f.allocation.serial, p.f.offset) if p.f.allocation.frozen else None
     streamed = algorithm == "winograd" and streamed_winograd_tile(p)
     if streamed:
         if winograd_streamed(x, f, bias, y, *pads, streamed, STREAMED_BLOCK, relu):
             return True
     elif algorithm in ("winograd", "winograd2"):
-        if winograd_forward(x, f, bias, y, *pads, 2 if algorithm == "winograd2" else 4, relu=relu):
+        tile = 2 if algorithm == "winograd2" else 4
+        if winograd_forward(x, f, bias, y, *pads, tile, relu=relu, frozen=frozen):
             return True
     elif algorithm == "im2col" and (tile := cached_winograd_tile(p)):
-        if winograd_forward(x, f, bias, y, *pads, tile, cached_only=True, relu=relu):
+        if winograd_forward(x, f, bias, y, *pads, tile, cached_only=True, relu=relu, frozen=frozen):
             return True
     if algorithm in ("im2col", "direct") or (algorithm.startswith("winograd") and _im2col_applies(p)):
         return _im2col_checked(p, x, f, bias, y, (*pads, p.sh, p.sw, p.dh, p.dw), relu)

@@ -294,6 +294,7 @@ def winograd_forward(
     tile: int = 4,
     cached_only: bool = False,
     relu: bool = False,
+    frozen: tuple[int, int] | None = None,
 ) -> bool:
     """Forward 3x3 stride-1 convolution: ``x`` [N, C, H, W], ``f`` [K, C, 3, 3], ``y`` [N, K, OH, OW].
 
@@ -303,12 +304,14 @@ def winograd_forward(
     bytes, and is stored there once ``f`` has been seen unchanged on an earlier call.
     ``cached_only``: decline (False, nothing written) unless the transform is stored or
     about to be (shapes where Winograd wins only without a transform per call).
-    ``relu``: apply ReLU (NaN -> 0) to each output row as it is stored.
+    ``relu``: apply ReLU (NaN -> 0) to each output row as it is stored. ``frozen``: the
+    filter's (allocation serial, byte offset) when its allocation is frozen: its transform
+    is then kept at once and served without comparing the filter.
     """
     f = np.ascontiguousarray(f)
-    u = _cache.lookup(f, tile)
+    u = _cache.lookup(f, tile, frozen)
     if u is None:
-        keep = _cache.seen_before(f, tile)
+        keep = frozen is not None or _cache.seen_before(f, tile)
         if cached_only and not keep:
             return False
         u = _transformed_filter(f, tile)
@@ -316,7 +319,7 @@ def winograd_forward(
             return False
         if keep:
             u = u.copy()
-            _cache.store(f, tile, u)
+            _cache.store(f, tile, u, frozen)
     return _run(x, u, bias, y, (pt, pl, tile), relu)
 
 

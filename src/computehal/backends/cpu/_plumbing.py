@@ -73,6 +73,10 @@ class CpuPlumbing(TableBackend):
 
     def _release(self, allocation: Allocation) -> None:
         # Freed memory waits in the heap's quarantine: its address is not handed out again soon.
+        if allocation.frozen:
+            from ._winograd_cache import forget_frozen  # (it imports this module)
+
+            forget_frozen(allocation.serial)
         self._heap.release(allocation.base)
         allocation.payload = None
 
@@ -97,11 +101,13 @@ class CpuPlumbing(TableBackend):
     def host_view(self, ptr: int, nbytes: int) -> memoryview | None:
         """A writable zero-copy view of ``nbytes`` bytes at ``ptr`` (checked like an operand).
 
-        The view keeps the memory alive, but means nothing after :meth:`free`.
+        The view keeps the memory alive, but means nothing after :meth:`free`. Read-only
+        for a frozen allocation; any other can no longer be frozen once viewed.
         """
-        region = self._memory().resolve("ptr", ptr, as_count("nbytes", nbytes))
+        table = self._memory()
+        region = table.resolve("ptr", ptr, as_count("nbytes", nbytes))
         view: memoryview = self._bytes(region).data
-        return view
+        return view if table.expose(region) else view.toreadonly()
 
     def dlpack_device(self) -> tuple[int, int] | None:
         """``(kDLCPU, 0)``: host memory, addressable in place."""
