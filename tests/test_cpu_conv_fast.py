@@ -129,6 +129,39 @@ def test_backend_cached_winograd_follows_filter_writes(cpu_backend: CpuBackend) 
             be.free(ptr)
 
 
+def test_backend_frozen_filter_transform_kept_unchecked_and_dropped_on_free(cpu_backend: CpuBackend) -> None:
+    """A frozen filter: its transform is kept on the first call under the allocation's serial
+    (no copy of the filter), served after, dropped when the allocation is freed; a new
+    filter at a reused address is never served the old transform."""
+    be = cpu_backend
+    from computehal.backends.cpu import _winograd_cache
+
+    _winograd_cache.clear()
+    x, f, _ = _data((2, 48, 48, 15, 15, (1, 1, 1, 1)), 11)
+    px, py = be.alloc(x.nbytes), be.alloc(2 * 48 * 15 * 15 * 4)
+    try:
+        be.copy_htod(px, x)
+        for seed in (12, 13):
+            f = np.random.default_rng(seed).standard_normal(f.shape).astype(F32)
+            pf = be.alloc(f.nbytes)
+            be.copy_htod(pf, f)
+            be.freeze(pf)
+            serial = be.allocation_of(pf).serial  # type: ignore[union-attr]
+            for _ in range(2):
+                be.conv2d_forward(px, list(x.shape), pf, list(f.shape), py, [2, 48, 15, 15], [1, 1], [1, 1])
+                got = np.empty((2, 48, 15, 15), dtype=F32)
+                be.copy_dtoh(got, py)
+                want = _forward64(x, f, (1, 1, 1, 1))
+                _within_kit_tolerance(got, want, _forward64(np.abs(x), np.abs(f), (1, 1, 1, 1)), 48 * 9)
+                kept = [entry for key, entry in _winograd_cache._entries.items() if key[0] == (serial, 0)]
+                assert len(kept) == 1 and kept[0][0] is None  # no copy of the filter
+            be.free(pf)
+            assert not any(key[0] == (serial, 0) for key in _winograd_cache._entries)
+    finally:
+        for ptr in (px, py):
+            be.free(ptr)
+
+
 def test_backend_im2col_nonfinite_filter_reaches_only_readers(cpu_backend: CpuBackend) -> None:
     """Filter larger than the output (checked after im2col): a corner tap's inf spares padding outputs."""
     rng = np.random.default_rng(12)
