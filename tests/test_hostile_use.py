@@ -392,3 +392,47 @@ def test_close_with_frequent_garbage_collection(
     gc.collect()
     with pytest.raises(BackendError):
         be.alloc(64)
+
+
+def test_freeze_racing_writes_from_another_thread(backend: ComputeBackend) -> None:
+    """One thread keeps copying into an allocation while this one freezes it: freeze is
+    refused while a copy runs, and once it succeeds no write lands any more."""
+    n = 1 << 16
+    be = backend
+    target, sources = be.alloc(n), [be.alloc(n) for _ in range(2)]
+    for i, ptr in enumerate(sources):
+        be.copy_htod(ptr, np.full(n, i + 1, dtype=np.uint8))
+    stop, refused, writes = threading.Event(), [], [0]
+
+    def writer() -> None:
+        while not stop.is_set():
+            try:
+                be.copy_dtod(target, sources[writes[0] % 2], n)
+                writes[0] += 1
+            except InvalidArgumentError:
+                refused.append(1)
+                return
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while writes[0] < 20 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    frozen = False
+    while not frozen and time.monotonic() < deadline:
+        try:
+            be.freeze(target)
+            frozen = True
+        except InvalidArgumentError:
+            pass  # a copy holds it: try again
+    assert frozen
+    seen = np.empty(n, dtype=np.uint8)
+    be.copy_dtoh(seen, target)
+    thread.join(20)
+    stop.set()
+    after = np.empty(n, dtype=np.uint8)
+    be.copy_dtoh(after, target)
+    assert refused and writes[0] >= 20
+    assert np.array_equal(seen, after) and len(set(seen.tolist())) == 1
+    for ptr in (target, *sources):
+        be.free(ptr)

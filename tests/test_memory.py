@@ -162,6 +162,31 @@ def test_lease_pins_resolved_operands_and_counts_from_its_first_pin() -> None:
     assert not table.busy() and first.allocation.pins == 0 and second.allocation.pins == 0
 
 
+def test_freeze_rules() -> None:
+    """Interior pointers freeze the whole allocation; borrowed, host-viewed, in-use and
+    unknown memory cannot be frozen; a second freeze of a frozen allocation is a no-op."""
+    table = table_with((0x1000, 64), (0x2000, 64), (0x3000, 64), (0x4000, 64))
+    table.freeze("p", 0x1010)
+    assert table.resolve("p", 0x1000, 64).allocation.frozen
+    table.freeze("p", 0x1000)  # idempotent
+    borrowed = Allocation(0x5000, 64, payload=None, borrowed=True)
+    table.insert(borrowed)
+    viewed = table.resolve("v", 0x2000, 64)
+    assert table.expose(viewed) and viewed.allocation.exposed
+    assert not table.expose(table.resolve("f", 0x1000, 8))  # a frozen one gives read-only views
+    lease = table.lease()
+    lease.resolve("u", 0x3000, 64)
+    for ptr in (0x5000, 0x2000, 0x3000, 0x40, 0x1040, 0x4000 + 64):
+        with pytest.raises(InvalidArgumentError):
+            table.freeze("p", ptr)
+    lease.end()
+    table.freeze("p", 0x3000)  # no operation uses it any more
+    lease = table.lease()
+    lease.resolve("u", 0x1000, 64)
+    table.freeze("p", 0x1000)  # already frozen: nothing can be writing it
+    lease.end()
+
+
 def test_lease_resolve_checks_like_the_table() -> None:
     table = table_with((0x1000, 256))
     lease = table.lease()

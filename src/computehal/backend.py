@@ -289,8 +289,8 @@ class ComputeBackend(abc.ABC):
         ------
         InvalidArgumentError
             If ``ptr`` points into no live allocation, into borrowed memory (its owner
-            can write it), or into an allocation of which a writable host view was
-            handed out.
+            can write it), into an allocation of which a writable host view was handed
+            out, or into one that an operation running in another thread is using.
         UnsupportedError
             The default, for backends that cannot enforce it.
         """

@@ -481,8 +481,9 @@ class PointerTable:
         ------
         InvalidArgumentError
             If ``ptr`` points into no live allocation, into borrowed memory (its owner
-            writes it behind the table), or into one of which a writable host view was
-            handed out.
+            writes it behind the table), into one of which a writable host view was
+            handed out, or into one a running operation is using (it might be writing
+            it: data derived from it afterwards could go stale).
         """
         address = as_pointer(name, ptr)
         with self._lock:
@@ -495,6 +496,8 @@ class PointerTable:
                 raise InvalidArgumentError(
                     f"{name} = {address:#x}: a writable host view of its allocation was handed out"
                 )
+            if allocation.pins and not allocation.frozen:
+                raise InvalidArgumentError(f"{name} = {address:#x}: a running operation uses its allocation")
             allocation.frozen = True
 
     def expose(self, region: Region) -> bool:
