@@ -172,16 +172,30 @@ def test_intermediate_memory_is_reused_by_lifetime(cpu: Any) -> None:
 
 
 def test_a_few_long_runs_are_copied_run_by_run(cpu: Any) -> None:
-    # Concat along the last axis: three rows of 80 kB from a, three short rows from b.
+    # Concat along the last axis: three rows of 1.2 MB from a, three short rows from b.
     nodes = [helper.make_node("Concat", ["a", "b"], ["y"], axis=1)]
-    m = model(nodes, [vi("a", F, [3, 20000]), vi("b", F, [3, 7])], [vi("y", F, [3, 20007])])
+    m = model(nodes, [vi("a", F, [3, 300000]), vi("b", F, [3, 7])], [vi("y", F, [3, 300007])])
     session = InferenceSession(m, backend=cpu)
     rng = np.random.default_rng(5)
-    a, b = rng.standard_normal((3, 20000)).astype(np.float32), rng.standard_normal((3, 7)).astype(np.float32)
+    a, b = rng.standard_normal((3, 300000)).astype(np.float32), rng.standard_normal((3, 7)).astype(np.float32)
     (y,) = session.run(None, {"a": a, "b": b})
     np.testing.assert_array_equal(y, np.concatenate([a, b], axis=1))
     (node,) = session.plan().nodes
     assert node.calls == ("copy_dtod",) * 3 + ("copy_strided",)
+
+
+def test_key_value_cache_rows_are_one_strided_copy(cpu: Any) -> None:
+    # A cache of 12 heads x 128 kB joined with one new position per head: one copy_strided each.
+    nodes = [helper.make_node("Concat", ["a", "b"], ["y"], axis=1)]
+    m = model(nodes, [vi("a", F, [12, 32768]), vi("b", F, [12, 64])], [vi("y", F, [12, 32832])])
+    session = InferenceSession(m, backend=cpu)
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((12, 32768)).astype(np.float32)
+    b = rng.standard_normal((12, 64)).astype(np.float32)
+    (y,) = session.run(None, {"a": a, "b": b})
+    np.testing.assert_array_equal(y, np.concatenate([a, b], axis=1))
+    (node,) = session.plan().nodes
+    assert node.calls == ("copy_strided",) * 2
 
 
 def test_shape_arithmetic_is_folded_into_views(cpu: Any) -> None:
