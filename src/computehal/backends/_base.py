@@ -12,7 +12,7 @@ concrete backend provides:
 * :meth:`~TableBackend._native_dtypes`: which dtypes each hook handles itself.
 
 Every public operation is generated from the signature in
-:class:`~computehal.ComputeBackend`: it opens a lease on the pointer table (pinning the
+:class:`~computehal.ComputeBackend` (:mod:`._operations`): it opens a lease on the pointer table (pinning the
 operands until it returns), validates, and hands the problem to :meth:`TableBackend._dispatch`,
 which applies the mechanisms written once for every backend:
 
@@ -28,7 +28,6 @@ which applies the mechanisms written once for every backend:
 from __future__ import annotations
 
 import abc
-import functools
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -38,7 +37,6 @@ from typing import Any, ClassVar, ParamSpec, TypeVar
 import numpy as np
 
 from .. import validation as v
-from .._generate import method_from
 from ..backend import ALL_OPS, ComputeBackend
 from ..dtypes import F32, as_float_dtype
 from ..errors import (
@@ -49,8 +47,9 @@ from ..errors import (
     OutOfMemoryError,
     UnsupportedError,
 )
-from ..memory import Allocation, AllocationInfo, Lease, PointerTable, Region, as_count, as_pointer
+from ..memory import Allocation, AllocationInfo, PointerTable, Region, as_count, as_pointer
 from ..types import BinaryOp, Capabilities, TileShape
+from ._operations import check_writable, guarded, operation, unimplemented
 
 __all__ = ["TableBackend", "guarded"]
 
@@ -64,102 +63,8 @@ _WIDENED = frozenset({"float16", "bfloat16"})
 _NEVER_WIDENED = frozenset({"cast", "copy_dtod", "gemm_mixed_precision"})
 
 
-def guarded(method: Callable[P, R]) -> Callable[P, R]:
-    """Let only :class:`BackendError` escape ``method``.
-
-    ``MemoryError`` becomes :class:`OutOfMemoryError`; any other unexpected
-    exception becomes :class:`DeviceError` chained to the original, so a bug
-    still shows its traceback but never breaks the error contract.
-    """
-
-    @functools.wraps(method)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return method(*args, **kwargs)
-        except BackendError:
-            raise
-        except MemoryError as exc:
-            raise OutOfMemoryError() from exc
-        except Exception as exc:  # noqa: BLE001 - the contract is "only BackendError escapes"
-            raise DeviceError(f"{method.__name__} failed: {type(exc).__name__}: {exc}") from exc
-
-    return wrapper
-
-
 def _as_dtype(name: str) -> np.dtype[Any]:
     return np.dtype("uint8") if name == "uint8" else as_float_dtype(name)
-
-
-#: The body of every generated public operation: what :func:`guarded` and ``with
-#: self._memory().lease()`` do, written out (one frame per call instead of four). The
-#: lease counts as a running operation from its first pin (``close`` checks the table).
-#: The common case of :meth:`TableBackend._dispatch` (a planned op, a native dtype, a
-#: problem that :meth:`~computehal.validation.Problem.runs_as_is`) calls the hook here.
-_OPERATION_BODY = """\
-try:
-    if not self._initialized:
-        raise _NotInitializedError()
-    lease = _Lease(self._table)
-    try:
-        p = _validate(lease, {call})
-        if p.OUTPUTS:
-            _writable({name!r}, p)
-        plan = self._plans.get({name!r})
-        if plan is not None and p.dtype in plan[0] and p.runs_as_is():
-            plan[1](self, p)
-        else:
-            self._dispatch({name!r}, p)
-    finally:
-        lease.end()
-except _BackendError:
-    raise
-except MemoryError as exc:
-    raise _OutOfMemoryError() from exc
-except Exception as exc:
-    raise _DeviceError(f"{name} failed: {{type(exc).__name__}}: {{exc}}") from exc
-"""
-
-
-def _writable(op: str, p: v.Problem) -> None:
-    """Raise unless every output of ``p`` lies in an allocation that may be written (not frozen)."""
-    for name in p.OUTPUTS:
-        region = getattr(p, name)
-        if region is not None and region.allocation.frozen:
-            raise InvalidArgumentError(
-                f"{op}: its output ({name}) is in a frozen allocation at {region.allocation.base:#x}, "
-                "which no operation may write (see freeze)"
-            )
-
-
-def _operation(op: str) -> Any:
-    """The public method of ``op``: open a lease, validate, dispatch (signature from the contract).
-
-    Only the :class:`BackendError` family escapes, as from a :func:`guarded` method.
-    """
-    return method_from(
-        getattr(ComputeBackend, op),
-        _OPERATION_BODY,
-        {
-            "__name__": __name__,
-            "_validate": v.VALIDATORS[op],
-            "_writable": _writable,
-            "_Lease": Lease,
-            "_BackendError": BackendError,
-            "_NotInitializedError": NotInitializedError,
-            "_OutOfMemoryError": OutOfMemoryError,
-            "_DeviceError": DeviceError,
-        },
-        qualname=f"TableBackend.{op}",
-    )
-
-
-def _unimplemented(op: str) -> Callable[[TableBackend, Any], None]:
-    def hook(self: TableBackend, p: Any) -> None:
-        raise UnsupportedError(f"{op} is not implemented by the {self.name()} backend")
-
-    hook.__name__ = f"_exec_{op}"
-    hook.__doc__ = f"Run a validated ``{op}``; the default raises UnsupportedError."
-    return hook
 
 
 class TableBackend(ComputeBackend):
@@ -357,8 +262,7 @@ class TableBackend(ComputeBackend):
         data = v.host_buffer("src", src, writable=False)
         with table.lease() as lease:
             region = lease.resolve("dst", dst, data.nbytes)
-            if region.allocation.frozen:
-                raise InvalidArgumentError(f"dst = {region.ptr:#x} is in a frozen allocation (see freeze)")
+            check_writable("copy_htod", "dst", region)
             if data.nbytes:
                 self._write(region, data)
 
@@ -571,32 +475,32 @@ class TableBackend(ComputeBackend):
     # ------------------------------------------------------------------ public operations
     # Generated from the contract's signatures: lease, validate, dispatch.
 
-    gemm = _operation("gemm")
-    batched_gemm = _operation("batched_gemm")
-    gemm_mixed_precision = _operation("gemm_mixed_precision")
-    conv2d_forward = _operation("conv2d_forward")
-    conv2d_backward_data = _operation("conv2d_backward_data")
-    conv2d_backward_filter = _operation("conv2d_backward_filter")
-    pool2d = _operation("pool2d")
-    attention = _operation("attention")
-    reduce = _operation("reduce")
-    softmax = _operation("softmax")
-    layer_norm = _operation("layer_norm")
-    rms_norm = _operation("rms_norm")
-    batch_norm = _operation("batch_norm")
-    lrn = _operation("lrn")
-    unary = _operation("unary")
-    binary = _operation("binary")
-    broadcast_binary = _operation("broadcast_binary")
-    cast = _operation("cast")
-    copy_dtod = _operation("copy_dtod")
-    fill = _operation("fill")
-    copy_strided = _operation("copy_strided")
-    gather = _operation("gather")
-    scatter = _operation("scatter")
+    gemm = operation("gemm")
+    batched_gemm = operation("batched_gemm")
+    gemm_mixed_precision = operation("gemm_mixed_precision")
+    conv2d_forward = operation("conv2d_forward")
+    conv2d_backward_data = operation("conv2d_backward_data")
+    conv2d_backward_filter = operation("conv2d_backward_filter")
+    pool2d = operation("pool2d")
+    attention = operation("attention")
+    reduce = operation("reduce")
+    softmax = operation("softmax")
+    layer_norm = operation("layer_norm")
+    rms_norm = operation("rms_norm")
+    batch_norm = operation("batch_norm")
+    lrn = operation("lrn")
+    unary = operation("unary")
+    binary = operation("binary")
+    broadcast_binary = operation("broadcast_binary")
+    cast = operation("cast")
+    copy_dtod = operation("copy_dtod")
+    fill = operation("fill")
+    copy_strided = operation("copy_strided")
+    gather = operation("gather")
+    scatter = operation("scatter")
 
 
 for _op in ALL_OPS:  # default hooks of the optional operations
     if not hasattr(TableBackend, f"_exec_{_op}"):
-        setattr(TableBackend, f"_exec_{_op}", _unimplemented(_op))
+        setattr(TableBackend, f"_exec_{_op}", unimplemented(_op))
 del _op

@@ -38,6 +38,7 @@ __all__ = [
     "config_cases",
     "dtype_cases",
     "eps_of",
+    "frozen",
     "note_refused",
     "offered",
     "recording_refusals",
@@ -107,6 +108,15 @@ def note_refused(what: str) -> None:
     seen = _REFUSALS.get()
     if seen is not None:
         seen.append(what)
+
+
+def frozen(be: ComputeBackend, ptr: int) -> bool:
+    """Freeze the allocation holding ``ptr``; False when the backend says it cannot (the ABC's default)."""
+    try:
+        be.freeze(ptr)
+    except UnsupportedError:
+        return False
+    return True
 
 
 def offered(be: ComputeBackend, op: str, dtype: Any = "float32") -> bool:

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..backend import ComputeBackend
 from ..errors import BackendError, InvalidArgumentError, UnsupportedError
-from ._common import Case, note_refused, offered
+from ._common import Case, frozen, note_refused, offered
 from ._spec import CallSpec, Expected
 from ._specs_ext import EXTENSION_BUILDERS
 from ._specs_seed import SEED_BUILDERS
@@ -194,9 +194,7 @@ def _frozen_operands(be: ComputeBackend, method: str) -> float:
             if not offered(be, method, spec.dtype):
                 return 0.0
             block = ws.block(spec.get(name))
-            try:
-                be.freeze(block.base)
-            except UnsupportedError:
+            if not frozen(be, block.base):
                 return 0.0  # a backend that cannot freeze says so
             try:
                 spec.call(be)

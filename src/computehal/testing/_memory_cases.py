@@ -10,7 +10,7 @@ import numpy as np
 from ..backend import ComputeBackend
 from ..errors import InvalidArgumentError, OutOfMemoryError, UnsupportedError
 from ..types import Capabilities, DeviceInfo, TileShape
-from ._common import Case, assert_bits_equal, rng_for
+from ._common import Case, assert_bits_equal, frozen, rng_for
 from .workspace import Workspace, expect_error
 
 __all__ = ["memory_cases"]
@@ -291,15 +291,6 @@ def _copy_bad(be: ComputeBackend) -> float:
 # --------------------------------------------------------------------------- freeze
 
 
-def _frozen(be: ComputeBackend, ptr: int) -> bool:
-    """Freeze ``ptr``; False when the backend says it cannot (the ABC's default)."""
-    try:
-        be.freeze(ptr)
-    except UnsupportedError:
-        return False
-    return True
-
-
 def _freeze_refuses_writes(be: ComputeBackend) -> float:
     """A frozen allocation: every write refused before it touches memory, reads as before."""
     size = 256
@@ -308,7 +299,7 @@ def _freeze_refuses_writes(be: ComputeBackend) -> float:
         ptr, other = mem.alloc(size), mem.alloc(size)
         be.copy_htod(ptr, original)
         be.copy_htod(other, np.zeros(size, dtype=np.uint8))
-        if not _frozen(be, ptr + 17):  # an interior pointer freezes its whole allocation
+        if not frozen(be, ptr + 17):  # an interior pointer freezes its whole allocation
             return 0.0
         be.freeze(ptr)  # idempotent
         writes: list[tuple[str, Callable[[], None]]] = [
@@ -334,7 +325,7 @@ def _freeze_bad(be: ComputeBackend) -> float:
     """Pointers that cannot be frozen: unknown, freed, past the end, of the wrong type, host-viewed."""
     with _Allocations(be) as mem:
         ptr = mem.alloc(64)
-        if not _frozen(be, ptr):
+        if not frozen(be, ptr):
             return 0.0
         freed = mem.alloc(64)
         mem.free(freed)

@@ -19,6 +19,7 @@ from ...types import Capabilities, DeviceInfo, MemoryKind
 from .._base import TableBackend, guarded
 from ._memory import HostHeap, borrowed_bytes, memory_limit
 from ._runtime import cpu_name, memory_total
+from ._winograd_cache import forget_frozen
 
 __all__ = ["CpuPlumbing", "FloatArray", "KDL_CPU"]
 
@@ -74,8 +75,6 @@ class CpuPlumbing(TableBackend):
     def _release(self, allocation: Allocation) -> None:
         # Freed memory waits in the heap's quarantine: its address is not handed out again soon.
         if allocation.frozen:
-            from ._winograd_cache import forget_frozen  # (it imports this module)
-
             forget_frozen(allocation.serial)
         self._heap.release(allocation.base)
         allocation.payload = None

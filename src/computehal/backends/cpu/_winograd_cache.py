@@ -33,11 +33,12 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._plumbing import FloatArray
+if TYPE_CHECKING:  # (the CPU backend's plumbing imports this module: no cycle at run time)
+    from ._plumbing import FloatArray
 
 __all__ = ["CACHE_BYTES", "clear", "forget_frozen", "lookup", "seen_before", "store"]
 
