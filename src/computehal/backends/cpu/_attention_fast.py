@@ -39,6 +39,8 @@ DECODE_KEYS = 64
 #: 16 MB copy: the worker did start at once and take its half, but the rows it reads
 #: were just written from the caller's core).
 DECODE_SERIAL_BYTES = 8 << 20
+#: The mask argument of a decoding call without a mask (never read).
+_NO_MASK = np.zeros(1, dtype=np.float32)
 #: Values checked for inf / NaN per task of the parallel check.
 _CHECK_BLOCK = 1 << 18
 
@@ -62,11 +64,11 @@ def fast_attention(p: v.AttentionProblem, block_q: int, block_kv: int) -> bool:
     """Compute ``p`` with the compiled kernel; False where this path does not apply."""
     if p.dtype != np.float32 or p.head_dim == 0:
         return False
+    if p.seq_q <= DECODE_ROWS and p.seq_kv >= DECODE_KEYS and _decode(p):
+        return True
     kern: Any = kernels("_kattention")
     if kern is None or kernels("_winograd") is None or kernels("_kdense") is None:
         return False
-    if p.seq_q <= DECODE_ROWS and p.seq_kv >= DECODE_KEYS and _decode(p):
-        return True
     dt = p.dtype
     view = CpuPlumbing._array
     q = view(p.q, (p.batch, p.heads, p.seq_q, p.head_dim), dt)
@@ -115,7 +117,7 @@ def _decode(p: v.AttentionProblem) -> bool:
         [min(keys, max(0, i + p.causal_offset + 1)) if p.causal else keys for i in range(rows)],
         dtype=np.int64,
     )
-    mask = np.zeros(1, dtype=dt) if p.mask is None else flat(p.mask, dt)
+    mask = _NO_MASK if p.mask is None else flat(p.mask, dt)
     mb, mh, mq, mk = p.mask_strides
     scale = dt.type(p.scale)
     tasks = p.batch * p.heads
