@@ -12,10 +12,12 @@
  * written out instead of calling fmax / fmin builtins: the semantics are those of fmax / fmin
  * (a NaN operand is ignored) and PoCL vectorises selects, not calls.
  *
- * OpenCL builds with EW = 16 evaluate each op on a 16-wide vector (REAL16): PoCL's vector
- * builtins (exp, erfc, pow, ...) are 10-40 times faster than 16 scalar calls. The expressions
- * are written to mean the same for a scalar and a vector v. sin and cos stay scalar: PoCL's
- * vector versions lose tiny arguments (sin(1e-20) = 0.0115 next to a huge lane).
+ * OpenCL builds with EW = 16 evaluate each op on vectors of VL lanes (REAL<VL>, VL = 16 by
+ * default; 4 or 8 where the device compiler's vectors are 256 bits wide, see the OpenCL
+ * backend's vector_bits probe): PoCL's vector builtins (exp, erfc, pow, ...) are 10-40 times
+ * faster than 16 scalar calls. The expressions are written to mean the same for a scalar and a
+ * vector v. sin and cos stay scalar: PoCL's vector versions lose tiny arguments (sin(1e-20) =
+ * 0.0115 next to a huge lane).
  */
 #include "dialect.h"
 #include "strided.h"
@@ -27,25 +29,35 @@
 #define R(c) ((REAL)(c))
 
 #if defined(__OPENCL_VERSION__) && EW == 16
-#define REALV CHAL_CAT(REAL, 16)
-/* Evaluate `expr` (of v) on a vector of 16 when `vec`, else fall through to the scalar loop. */
+#ifndef VL
+#define VL 16
+#endif
+#define REALV CHAL_CAT(REAL, VL)
+#define CHAL_VLOAD(p) CHAL_CAT(vload, VL)(0, (p))
+#define CHAL_VSTORE(v, p) CHAL_CAT(vstore, VL)((v), 0, (p))
+/* Evaluate `expr` (of v) on the EW elements as vectors of VL when `vec`, else fall through to
+ * the scalar loop. */
 #define CHAL_VRUN(vec, expr)                                                                     \
     if (vec) {                                                                                   \
-        REALV v = vload16(0, xs);                                                                \
-        vstore16((expr), 0, ys);                                                                 \
+        for (int q = 0; q < EW; q += VL) {                                                       \
+            REALV v = CHAL_VLOAD(xs + q);                                                        \
+            CHAL_VSTORE((expr), ys + q);                                                         \
+        }                                                                                        \
     } else
 #define CHAL_VBIN(vec, expr)                                                                     \
-    if (vec) {                                                                                     \
-        REALV u = vload16(0, as);                                                                \
-        REALV w = vload16(0, bs);                                                                \
-        vstore16((expr), 0, ys);                                                                 \
+    if (vec) {                                                                                   \
+        for (int q = 0; q < EW; q += VL) {                                                       \
+            REALV u = CHAL_VLOAD(as + q);                                                        \
+            REALV w = CHAL_VLOAD(bs + q);                                                        \
+            CHAL_VSTORE((expr), ys + q);                                                         \
+        }                                                                                        \
     } else
 /* Whole vectors of a broadcast run from l on: u and w from `uload` / `wload` at offset l. */
 #define CHAL_VSPAN(vec, expr, uload, wload)                                                      \
-    for (; vec && l + 16 <= len; l += 16) {                                                             \
+    for (; vec && l + VL <= len; l += VL) {                                                      \
         REALV u = uload;                                                                         \
         REALV w = wload;                                                                         \
-        vstore16((expr), 0, ys + l);                                                             \
+        CHAL_VSTORE((expr), ys + l);                                                             \
     }
 #define CHAL_SIGN(v) sign(v)
 #else
@@ -179,21 +191,21 @@ CHAL_BINARY_OPS(CHAL_BINARY_KERNEL)
         GLOBAL REAL* ys = y + yo + o * inner + start;                                            \
         i64 l = 0;                                                                               \
         if (ia == 1 && ib == 1) {                                                                \
-            CHAL_VSPAN(vec, expr, vload16(0, as + l), vload16(0, bs + l))                        \
+            CHAL_VSPAN(vec, expr, CHAL_VLOAD(as + l), CHAL_VLOAD(bs + l))                        \
             for (; l < len; ++l) {                                                               \
                 REAL u = as[l];                                                                  \
                 REAL w = bs[l];                                                                  \
                 ys[l] = (expr);                                                                  \
             }                                                                                    \
         } else if (ia == 1 && ib == 0) {                                                         \
-            CHAL_VSPAN(vec, expr, vload16(0, as + l), (REALV)(bs[0]))                            \
+            CHAL_VSPAN(vec, expr, CHAL_VLOAD(as + l), (REALV)(bs[0]))                            \
             REAL w = bs[0];                                                                      \
             for (; l < len; ++l) {                                                               \
                 REAL u = as[l];                                                                  \
                 ys[l] = (expr);                                                                  \
             }                                                                                    \
         } else if (ia == 0 && ib == 1) {                                                         \
-            CHAL_VSPAN(vec, expr, (REALV)(as[0]), vload16(0, bs + l))                            \
+            CHAL_VSPAN(vec, expr, (REALV)(as[0]), CHAL_VLOAD(bs + l))                            \
             REAL u = as[0];                                                                      \
             for (; l < len; ++l) {                                                               \
                 REAL w = bs[l];                                                                  \

@@ -141,34 +141,40 @@ KERNEL void softmax_cols(GLOBAL const REAL* x, i64 xo, GLOBAL REAL* y, i64 yo, i
 }
 
 #if defined(__OPENCL_VERSION__) && CONTIG
-/* CPU devices: one work-item per 16 neighbouring columns, on REAL16 vectors (PoCL's vector exp is
- * many times faster than 16 scalar calls); a partial last block runs column by column. Grid:
- * outer * ceil(inner / 16). */
-#define REALV CHAL_CAT(REAL, 16)
+/* CPU devices: one work-item per CW neighbouring columns, on REAL<CW> vectors (PoCL's vector exp
+ * is many times faster than CW scalar calls; CW = 16 by default, 4 or 8 where the device
+ * compiler's vectors are 256 bits wide); a partial last block runs column by column. Grid:
+ * outer * ceil(inner / CW). */
+#ifndef CW
+#define CW 16
+#endif
+#define REALV CHAL_CAT(REAL, CW)
+#define CHAL_VLOAD(p) CHAL_CAT(vload, CW)(0, (p))
+#define CHAL_VSTORE(v, p) CHAL_CAT(vstore, CW)((v), 0, (p))
 
 /* The block of work-item g: slice o and first column c0; 0 when g is past the last block. */
-DEVICE int chal_block16(i64 g, i64 outer, i64 inner, i64* o, i64* c0) {
-    i64 blocks = (inner + 15) / 16;
+DEVICE int chal_blockv(i64 g, i64 outer, i64 inner, i64* o, i64* c0) {
+    i64 blocks = (inner + CW - 1) / CW;
     if (g >= outer * blocks) return 0;
     *o = g / blocks;
-    *c0 = (g - *o * blocks) * 16;
+    *c0 = (g - *o * blocks) * CW;
     return 1;
 }
 
-KERNEL void reduce_cols16(GLOBAL const REAL* x, i64 xo, GLOBAL REAL* y, i64 yo, i64 outer, i64 length,
+KERNEL void reduce_colsv(GLOBAL const REAL* x, i64 xo, GLOBAL REAL* y, i64 yo, i64 outer, i64 length,
                           i64 inner, int op) {
     i64 o, c0;
-    if (!chal_block16(GID(0), outer, inner, &o, &c0)) return;
+    if (!chal_blockv(GID(0), outer, inner, &o, &c0)) return;
     GLOBAL const REAL* src = x + xo + o * length * inner + c0;
     GLOBAL REAL* dst = y + yo + o * inner + c0;
-    if (c0 + 16 > inner) {
+    if (c0 + CW > inner) {
         for (i64 c = 0; c0 + c < inner; ++c) dst[c] = chal_reduce_col(src + c, length, inner, op);
         return;
     }
     int kind = op == REDUCE_MEAN ? REDUCE_SUM : op;
     REALV acc = (REALV)(chal_identity(kind));
     for (i64 i = 0; i < length; ++i) {
-        REALV v = vload16(0, src + i * inner);
+        REALV v = CHAL_VLOAD(src + i * inner);
         if (kind == REDUCE_MAX) {
             acc = v > acc ? v : acc;
         } else if (kind == REDUCE_MIN) {
@@ -178,35 +184,35 @@ KERNEL void reduce_cols16(GLOBAL const REAL* x, i64 xo, GLOBAL REAL* y, i64 yo, 
         }
     }
     if (op == REDUCE_MEAN && length > 0) acc = acc / (REAL)length;
-    vstore16(acc, 0, dst);
+    CHAL_VSTORE(acc, dst);
 }
 
-KERNEL void softmax_cols16(GLOBAL const REAL* x, i64 xo, GLOBAL REAL* y, i64 yo, i64 outer, i64 length,
+KERNEL void softmax_colsv(GLOBAL const REAL* x, i64 xo, GLOBAL REAL* y, i64 yo, i64 outer, i64 length,
                            i64 inner, int log_) {
     i64 o, c0;
-    if (!chal_block16(GID(0), outer, inner, &o, &c0)) return;
+    if (!chal_blockv(GID(0), outer, inner, &o, &c0)) return;
     GLOBAL const REAL* src = x + xo + o * length * inner + c0;
     GLOBAL REAL* dst = y + yo + o * length * inner + c0;
-    if (c0 + 16 > inner) {
+    if (c0 + CW > inner) {
         for (i64 c = 0; c0 + c < inner; ++c) chal_softmax_col(src + c, dst + c, length, inner, log_);
         return;
     }
     REALV peak = (REALV)(-INFINITY);
     for (i64 i = 0; i < length; ++i) {
-        REALV v = vload16(0, src + i * inner);
+        REALV v = CHAL_VLOAD(src + i * inner);
         peak = v > peak ? v : peak;
     }
     REALV total = (REALV)0;
     for (i64 i = 0; i < length; ++i) {
-        REALV e = exp(vload16(0, src + i * inner) - peak);
-        if (!log_) vstore16(e, 0, dst + i * inner);
+        REALV e = exp(CHAL_VLOAD(src + i * inner) - peak);
+        if (!log_) CHAL_VSTORE(e, dst + i * inner);
         total += e;
     }
     if (log_) {
         REALV lse = log(total);
-        for (i64 i = 0; i < length; ++i) vstore16((vload16(0, src + i * inner) - peak) - lse, 0, dst + i * inner);
+        for (i64 i = 0; i < length; ++i) CHAL_VSTORE((CHAL_VLOAD(src + i * inner) - peak) - lse, dst + i * inner);
     } else {
-        for (i64 i = 0; i < length; ++i) vstore16(vload16(0, dst + i * inner) / total, 0, dst + i * inner);
+        for (i64 i = 0; i < length; ++i) CHAL_VSTORE(CHAL_VLOAD(dst + i * inner) / total, dst + i * inner);
     }
 }
 #endif

@@ -66,12 +66,18 @@ class AttentionOps(OpenCLCore):
                     "memory cannot hold one key and value row"
                 )
             bq = max(1, min(_ATTN_BQ, self._max_wg, _ATTN_PRIVATE // (2 * size * hd)))
-            kernel = self._kernel("attention.cl", "attention_fwd", p.dtype, HD=hd, BQ=bq, BKV=bkv)
+            # (VW: the file's vector kernel is compiled too, on vectors the device takes.)
+            vw = self._attention_vw(p.dtype)
+            kernel = self._kernel("attention.cl", "attention_fwd", p.dtype, HD=hd, BQ=bq, BKV=bkv, VW=vw)
             self._launch(kernel, (round_up(p.seq_q, bq), p.batch * p.heads), (bq, 1), *args)
+
+    def _attention_vw(self, dtype: np.dtype[Any]) -> int:
+        """Lanes of the vector kernel's vectors: 256 bits where the device's vectors allow."""
+        return min(4 if dtype == F64 else 8, self._lanes(dtype))
 
     def _vector_kernel(self, dtype: np.dtype[Any], hd: int) -> Any:
         """The single-work-item vector kernel for ``dtype`` and head bucket ``hd``."""
-        vw = 4 if dtype == F64 else 8
+        vw = self._attention_vw(dtype)
         bkv = 8 * vw if hd <= 128 else 4 * vw
         return self._kernel(
             "attention.cl", "attention_fwd_vec", dtype, HD=hd, BQ=_VEC_ATTN_BQ, BKV=bkv, VW=vw

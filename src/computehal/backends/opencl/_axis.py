@@ -30,13 +30,17 @@ class AxisOps(OpenCLCore):
     """reduce, softmax, layer_norm, rms_norm, batch_norm and lrn."""
 
     def _fold_kernel(self, source: str, name: str, dtype: np.dtype[Any], ls: int) -> Any:
-        return self._kernel(source, name, dtype, LS=ls, CONTIG=self._contig)
+        if not self._contig:
+            return self._kernel(source, name, dtype, LS=ls, CONTIG=0)
+        lanes = self._lanes(dtype)  # the column blocks' and the exp sums' vectors (reduce.cl)
+        return self._kernel(source, name, dtype, LS=ls, CONTIG=1, CW=lanes, VW=min(8, lanes))
 
     def _cols_kernel(self, name: str, p: v.AxisProblem) -> tuple[Any, int]:
         """The column kernel ``name`` and its work-item count: on the CPU profile one work-item
-        per 16 neighbouring columns (``<name>16``, vector code), else one per column."""
-        if self._contig and p.inner >= 16:
-            name, count = name + "16", p.outer * ceil_div(p.inner, 16)
+        per block of neighbouring columns, a vector's lanes wide (``<name>v``), else one per column."""
+        lanes = self._lanes(p.dtype)
+        if self._contig and p.inner >= lanes:
+            name, count = name + "v", p.outer * ceil_div(p.inner, lanes)
         else:
             count = p.outer * p.inner
         return self._fold_kernel("reduce.cl", name, p.dtype, self._reduce_ls), count

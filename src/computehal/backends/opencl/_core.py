@@ -34,7 +34,7 @@ from ._device import (
     list_devices,
     profile_of,
 )
-from ._runtime import Operand, ProgramCache, check, launch, new_buffer, real_defines
+from ._runtime import Operand, ProgramCache, check, launch, new_buffer, real_defines, vector_bits
 
 __all__ = ["OpenCLCore"]
 
@@ -199,6 +199,8 @@ class OpenCLCore(TableBackend):
         self._contig = int(cpu)
         #: Elements per element-wise work-item: a vectorisable run on CPUs, one on GPUs.
         self._ew = _EW_CPU if cpu else 1
+        #: Widest vectors the kernels may hand to vector builtins (:func:`vector_bits`).
+        self._vector_bits = vector_bits(self._context)
         #: The CPU profile runs attention with the single-work-item vector kernel; the GPU one
         #: with the work-group kernel (both are exercised by the tests on PoCL).
         self.vector_attention = cpu
@@ -299,6 +301,14 @@ class OpenCLCore(TableBackend):
         self, kernel: Any, global_size: Sequence[int], local_size: Sequence[int] | None, *args: Any
     ) -> None:
         launch(self._queue, kernel, global_size, local_size, *args)
+
+    def _lanes(self, dtype: np.dtype[Any]) -> int:
+        """Lanes of the CPU profile's vectors of ``dtype`` (2 to 16): 128 to 512 bits of them."""
+        return max(2, min(16, self._vector_bits // (8 * dtype.itemsize)))
+
+    def _ew_defines(self, dtype: np.dtype[Any]) -> dict[str, object]:
+        """Build defines of the element-wise kernels: EW, and VL lanes where EW runs as vectors."""
+        return {"EW": self._ew, "VL": self._lanes(dtype)} if self._ew == _EW_CPU else {"EW": self._ew}
 
     def _run(self) -> int:
         """Elements one work-item walks along the inner dimension of a strided view."""

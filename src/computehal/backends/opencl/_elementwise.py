@@ -40,7 +40,8 @@ class ElementwiseOps(OpenCLCore):
         size, real = p.dtype.itemsize, p.dtype.type
         x, y = self._at(p.a, size), self._at(p.out, size)
         with self._lock:
-            kernel = self._kernel("elementwise.cl", f"unary_{p.op.value}", p.dtype, EW=self._ew)
+            name = f"unary_{p.op.value}"
+            kernel = self._kernel("elementwise.cl", name, p.dtype, **self._ew_defines(p.dtype))
             self._launch(
                 kernel, (ceil_div(p.n, self._ew),), (self._elementwise_local(p.n),),
                 x.buffer, I64(x.offset), y.buffer, I64(y.offset), I64(p.n),
@@ -52,7 +53,8 @@ class ElementwiseOps(OpenCLCore):
         size = p.dtype.itemsize
         a, b, y = self._at(p.a, size), self._at(p.b, size), self._at(p.out, size)
         with self._lock:
-            kernel = self._kernel("elementwise.cl", f"binary_{p.op.value}", p.dtype, EW=self._ew)
+            name = f"binary_{p.op.value}"
+            kernel = self._kernel("elementwise.cl", name, p.dtype, **self._ew_defines(p.dtype))
             self._launch(
                 kernel, (ceil_div(p.n, self._ew),), (self._elementwise_local(p.n),),
                 a.buffer, I64(a.offset), b.buffer, I64(b.offset),
@@ -66,7 +68,8 @@ class ElementwiseOps(OpenCLCore):
         inner, run = dims[-1], self._run()
         outer = p.size // inner
         with self._lock:
-            kernel = self._kernel("elementwise.cl", f"broadcast_{p.op.value}", p.dtype, EW=self._ew)
+            name = f"broadcast_{p.op.value}"
+            kernel = self._kernel("elementwise.cl", name, p.dtype, **self._ew_defines(p.dtype))
             self._launch(
                 kernel, (ceil_div(inner, run), outer), self._strided_local(),
                 a.buffer, I64(a.offset), b.buffer, I64(b.offset),

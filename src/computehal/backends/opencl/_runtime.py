@@ -9,6 +9,7 @@ driver's own text.
 from __future__ import annotations
 
 import threading
+import warnings
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -30,6 +31,7 @@ __all__ = [
     "outer_args",
     "real_defines",
     "translate",
+    "vector_bits",
 ]
 
 _OOM_CODES = frozenset(
@@ -82,6 +84,46 @@ class Operand(NamedTuple):
 
     buffer: Any
     offset: int
+
+
+#: One kernel, named for the widest x86 vectors the device compiler targets (clang's macros).
+_PROBE_SOURCE = """
+#if defined(__AVX512F__)
+__kernel void chal_bits_512(__global int* x) { x[0] = 512; }
+#elif defined(__AVX__)
+__kernel void chal_bits_256(__global int* x) { x[0] = 256; }
+#elif defined(__x86_64__) || defined(__i386__)
+__kernel void chal_bits_128(__global int* x) { x[0] = 128; }
+#else
+__kernel void chal_bits_512(__global int* x) { x[0] = 512; }
+#endif
+"""
+
+
+def vector_bits(context: Any) -> int:
+    """Widest vectors (bits) that kernels may hand to the device's vector builtins: 128 to 512.
+
+    PoCL links each kernel with a builtin library built for the host's instruction set, but
+    compiles the kernel for the CPU model its own LLVM knows: on a CPU newer than that LLVM
+    (PoCL 3.0 names an AMD Zen 4 "znver3", which has no AVX-512) a 16-wide float vector is
+    passed to the library under another calling convention. clang warns that this "changes the
+    ABI"; the programs were then built without a single kernel (INVALID_KERNEL_NAME on every op
+    using ``float16``), and the process aborted at exit in PoCL's LLVM. So the width comes from
+    what the kernel compiler targets: a probe program whose one kernel is named after clang's
+    ``__AVX512F__`` / ``__AVX__`` macros (512 bits on devices that are not x86, as before; 128
+    when the probe cannot be built).
+    """
+    try:
+        with warnings.catch_warnings():  # pyopencl repeats a non-empty build log as a warning
+            warnings.simplefilter("ignore")
+            program = cl.Program(context, _PROBE_SOURCE).build()
+        names = str(program.get_info(cl.program_info.KERNEL_NAMES))
+    except Exception:  # noqa: BLE001 - any failure means: assume the narrowest vectors
+        return 128
+    for bits in (512, 256):
+        if f"chal_bits_{bits}" in names:
+            return bits
+    return 128
 
 
 def real_defines(dtype: np.dtype[Any]) -> dict[str, object]:
