@@ -6,7 +6,10 @@ overlaps, which BLAS leaves undefined).
 BLAS never runs its own threads here: a GEMM large enough for OpenBLAS to thread
 (:data:`SPLIT_MACS` multiply-adds, OpenBLAS's own threshold) is split into blocks of C's
 columns (or rows, for tall C), one per worker thread, each a single-threaded BLAS call;
-batched GEMMs split batches the same way. OpenBLAS's threads spin for a while after each
+batched GEMMs split batches the same way. A float32 GEMV with unit-stride vectors (a
+decoding step's products) runs instead as one compiled loop per thread pulling blocks of
+the matrix's columns (:mod:`._kgemv`): GPT-2-small's step took 0.88-0.95 of its time with
+the two halves as Python tasks (paired runs in one process), 0.92-0.98 on one thread. OpenBLAS's threads spin for a while after each
 call, so letting it thread while the backend's own workers run the convolutions,
 attention and element-wise ops between GEMMs puts two busy pools on the same cores: on a
 2-core machine a BERT-base encoder ran 4-5x slower that way than with one pool.
@@ -28,7 +31,7 @@ from .._common import round_up
 from ._blas import gemm_at, gemv_at
 from ._gemm_dense import dense_batched, weight_panel
 from ._plumbing import CpuPlumbing, FloatArray
-from ._runtime import parallel_pull, single_threaded_blas, workers
+from ._runtime import kernels, parallel_pull, single_threaded_blas, submit, workers
 
 __all__ = ["GemmOps"]
 
@@ -39,6 +42,8 @@ BATCH_GRAIN_FLOPS = 1 << 21
 SPLIT_MACS = 1 << 18
 #: Split points fall on multiples of this many columns / rows (BLAS kernels' unrolling).
 SPLIT_ALIGN = 16
+#: Reads of the block counter a pulled GEMV's caller spins for before blocking on the worker.
+WAIT_SPINS = 1 << 20
 
 
 def split_gemm(p: v.GemmProblem) -> None:
@@ -59,6 +64,8 @@ def split_gemm(p: v.GemmProblem) -> None:
         # Small GEMVs (OpenBLAS threads them from far fewer multiply-adds than GEMMs).
         with single_threaded_blas():
             run_gemm(p, a, b, c)
+        return
+    if (p.m == 1 or p.n == 1) and _pulled_gemv(p):
         return
     size = p.dtype.itemsize
     by_columns = p.n >= p.m
@@ -83,6 +90,49 @@ def split_gemm(p: v.GemmProblem) -> None:
 
     with single_threaded_blas():
         parallel_pull(parts, pull)
+
+
+def _pulled_gemv(p: v.GemmProblem) -> bool:
+    """A float32 GEMV with unit-stride vectors on the compiled pulled loop (:mod:`._kgemv`).
+
+    The caller and one worker take blocks of the matrix's columns from a shared counter;
+    the caller waits only for blocks the worker took. False (nothing done) where it does
+    not apply.
+    """
+    if p.n == 1:  # C (m x 1) = op(A) (m x k) @ op(B) (k x 1): A is the matrix.
+        rows, cols = (p.k, p.m) if p.trans_a else (p.m, p.k)
+        trans, matrix, lda, vector = p.trans_a, p.a, p.lda, p.b
+        inc, inc_out = p.ldb if p.trans_b else 1, 1
+    else:  # C^T (n x 1) = op(B)^T @ op(A)^T: B is the matrix.
+        rows, cols = (p.n, p.k) if p.trans_b else (p.k, p.n)
+        trans, matrix, lda, vector = not p.trans_b, p.b, p.ldb, p.a
+        inc, inc_out = 1 if p.trans_a else p.lda, p.ldc
+    compiled = kernels("_kgemv") if p.dtype == F32 and inc == inc_out == 1 else None
+    if compiled is None:
+        return False
+    blocks = min(compiled.MAX_BLOCKS, rows * cols * 4 // compiled.BLOCK_BYTES, ceil_div(cols, compiled.ALIGN))
+    blocks = max(1, blocks)
+    y = CpuPlumbing._flat(p.c, F32)[: cols if trans else rows]
+    if trans:  # each block writes its outputs once: apply beta first (0: y is not read)
+        if p.beta == 0:
+            y[...] = 0
+        elif p.beta != 1:
+            y *= np.float32(p.beta)
+    partials = np.empty((2, 0 if trans else rows), dtype=np.float32)
+    taken, done, slots = (np.zeros(1, dtype=np.int64) for _ in range(3))
+    flat = CpuPlumbing._flat
+    args = (
+        taken, done, blocks, compiled.YES if trans else compiled.NO, rows, cols, np.float32(p.alpha),
+        flat(matrix, F32), lda, flat(vector, F32), y, partials, slots,
+    )  # fmt: skip
+    with single_threaded_blas():
+        helper = submit(compiled.pull_rows, *args) if blocks > 1 and workers() > 1 else None
+        compiled.pull_rows(*args)
+        if helper is not None and not compiled.wait_taken(taken, done, blocks, WAIT_SPINS):
+            helper.result()  # a worker still in its block after the spins: block on it
+    if not trans:
+        compiled.combine(y, np.float32(p.beta), partials, int(slots[0]))
+    return True
 
 
 def run_gemm(p: v.GemmProblem, a: int, b: int, c: int) -> None:

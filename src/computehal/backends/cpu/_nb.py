@@ -10,6 +10,8 @@
   exports (the same OpenBLAS as :mod:`._blas`, so the BLAS thread limit of
   :mod:`._runtime` applies). Compiled code calling it is cacheable, unlike a ctypes
   function pointer.
+* :func:`sgemv`: the same for single-precision ``?gemv`` (``numba_xxgemv``; vectors of
+  unit stride).
 * :func:`sum32`: the sum of a float32 row in float32 vector partial sums.
 * :func:`as_int`: the bits of a float32 as an int32 (a register bit-cast).
 * :func:`stream_scaled`: eight float32 products stored with a non-temporal hint
@@ -43,6 +45,7 @@ __all__ = [
     "jit",
     "jit_reassoc",
     "sgemm",
+    "sgemv",
     "sum32",
     "as_int",
     "as_float",
@@ -103,6 +106,22 @@ _xxgemm = types.ExternalFunction(
         _F32P,  # beta
         _F32P,  # c
         types.intp,  # ldc
+    ),
+)
+
+_xxgemv = types.ExternalFunction(
+    "numba_xxgemv",
+    types.intc(
+        types.char,  # kind
+        types.char,  # trans
+        types.intp,  # m
+        types.intp,  # n
+        _F32P,  # alpha
+        _F32P,  # a
+        types.intp,  # lda
+        _F32P,  # x (unit stride)
+        _F32P,  # beta
+        _F32P,  # y (unit stride)
     ),
 )
 
@@ -212,6 +231,32 @@ def sgemm(ta, tb, m, n, k, alpha, a, a_off, lda, b, b_off, ldb, beta, c, c_off, 
         _KIND_S, ta, tb, m, n, k,
         _at(scalars, 0), _at(a, a_off), lda, _at(b, b_off), ldb, _at(scalars, 1), _at(c, c_off), ldc,
     )  # fmt: skip
+
+
+@jit
+def sgemv(trans, m, n, alpha, a, a_off, lda, x, x_off, beta, y, y_off):
+    """Column-major ``y = alpha op(A) x + beta y`` on float32 arrays at element offsets.
+
+    ``A`` is ``m x n`` at ``a[a_off]`` with leading dimension ``lda``; ``trans`` is
+    :data:`NO` or :data:`YES`; ``x`` and ``y`` have unit stride (numba's helper
+    ``numba_xxgemv`` calls SciPy's ``sgemv`` with increments of 1). The caller keeps
+    every operand inside its array and skips empty products.
+    """
+    scalars = np.empty(2, dtype=np.float32)
+    scalars[0] = alpha
+    scalars[1] = beta
+    _xxgemv(
+        _KIND_S,
+        trans,
+        m,
+        n,
+        _at(scalars, 0),
+        _at(a, a_off),
+        lda,
+        _at(x, x_off),
+        _at(scalars, 1),
+        _at(y, y_off),
+    )
 
 
 def _shuffle(builder: Any, a: Any, b: Any, mask: list[int]) -> Any:

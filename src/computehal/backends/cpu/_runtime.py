@@ -28,7 +28,7 @@ import os
 import platform
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
@@ -47,6 +47,7 @@ __all__ = [
     "parallel_pull",
     "parallel_ranges",
     "single_threaded_blas",
+    "submit",
     "workers",
 ]
 
@@ -108,6 +109,11 @@ def on_every_thread(call: Callable[..., object], *args: object, threads: int | N
     finally:
         for future in futures:
             future.result()
+
+
+def submit(call: Callable[..., object], *args: object) -> Future[object]:
+    """Start ``call(*args)`` on a pool thread; the caller decides whether to wait for it."""
+    return _thread_pool().submit(call, *args)
 
 
 def parallel_pull(count: int, worker: Callable[[Iterator[int]], None]) -> None:

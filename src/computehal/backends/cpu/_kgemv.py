@@ -1,0 +1,147 @@
+"""A float32 GEMV's parallel loop in compiled code, pulled by the caller and the pool's workers.
+
+A transformer's decoding step is matrix-vector products: every weight matrix is read
+once per step, so the step runs at the memory's speed if both cores stream their share.
+Split in two halves by Python tasks (one ``?gemv`` call each), the second core cost more
+than it gave on one 2-vCPU host (a 9.4 MB GEMV after a large copy: 1.31-1.36 ms on two
+threads against 0.85-0.90 on one; the whole GPT-2-small step 0.92 of the two-thread time
+on one thread). A worker woken from a halted vCPU starts 50-130 us late, and the halves
+handed the GIL back and forth for their Python work. Here the caller and a worker enter
+one compiled call each (:func:`pull_rows`, without the GIL) and take blocks of the output
+from a shared counter (an atomic add); a worker that starts late takes fewer blocks, or
+none. The caller then waits only for blocks a worker has taken (:func:`wait_taken`), never
+for a worker that has not started: its task finds no block left and returns.
+
+Each block is one ``sgemv`` through numba's ``numba_xxgemv`` (SciPy's OpenBLAS, one
+thread), on a block of rows of ``op(A)``, so every output element is the BLAS routine's own
+dot product of the whole row, as in the unsplit call.
+"""
+
+# Function bodies are LLVM IR builders and numba nopython code, which mypy cannot type.
+# mypy: ignore-errors
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from ._kgemm_par import _take
+from ._nb import NO, YES, jit, sgemv
+
+__all__ = ["ALIGN", "BLOCK_BYTES", "MAX_BLOCKS", "NO", "YES", "combine", "pull_rows", "wait_taken", "warm_up"]
+
+#: Output elements of a block are a multiple of this (BLAS kernels' unrolling).
+ALIGN = 16
+#: Bytes of the matrix per block, about (fewer blocks for small matrices).
+BLOCK_BYTES = 1 << 20
+#: Most blocks of one GEMV.
+MAX_BLOCKS = 8
+
+
+@intrinsic
+def _read(typingctx: Any, counter: Any) -> Any:
+    """``counter[0]``, read atomically (acquire) so that a spinning loop sees other threads' adds."""
+    sig = types.int64(counter)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        array = context.make_array(signature.args[0])(context, builder, args[0])
+        return builder.load_atomic(array.data, "acquire", 8)
+
+    return sig, codegen
+
+
+@intrinsic
+def _add(typingctx: Any, counter: Any) -> Any:
+    """``counter[0] += 1`` atomically (release: the block's stores are visible first)."""
+    sig = types.void(counter)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        array = context.make_array(signature.args[0])(context, builder, args[0])
+        builder.atomic_rmw("add", array.data, ir.IntType(64)(1), "release")
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@jit
+def pull_rows(taken, done, blocks, trans, rows, cols, alpha, a, lda, x, y, partials, slots):
+    """Take blocks from ``taken`` until none is left; each finished block adds one to ``done``.
+
+    ``alpha op(A) x`` with ``A`` column-major ``rows x cols`` (leading dimension ``lda``)
+    from ``a[0]``, ``x`` of unit stride. Every block reads whole columns of ``A`` (contiguous
+    memory; a block of rows of a column-major matrix is ``cols`` short strided segments,
+    which ran 1.7 times slower on one thread). ``trans`` :data:`._nb.YES`: block ``t`` is
+    the outputs ``y[t * per ..]`` (``beta`` already applied to ``y`` by the caller, so
+    ``beta`` 1 here). :data:`._nb.NO`: block ``t`` is columns ``t * per ..``, summed into
+    this thread's row of ``partials`` (``slots[0]`` hands out the rows), which the caller
+    adds into ``y`` (:func:`combine`).
+    """
+    out = cols
+    per = ((out + blocks - 1) // blocks + ALIGN - 1) // ALIGN * ALIGN
+    slot = -1
+    t = _take(taken)
+    while t < blocks:
+        o0 = t * per
+        o1 = min(out, o0 + per)
+        if trans == YES:
+            if o0 < o1:
+                sgemv(YES, rows, o1 - o0, alpha, a, o0 * lda, lda, x, 0, np.float32(1.0), y, o0)
+        else:
+            first = slot < 0
+            if first:
+                slot = _take(slots)
+            if o0 < o1:
+                part = partials[slot]
+                beta = np.float32(0.0) if first else np.float32(1.0)
+                sgemv(NO, rows, o1 - o0, alpha, a, o0 * lda, lda, x, o0, beta, part, 0)
+            elif first:
+                partials[slot][:] = 0.0
+        _add(done)
+        t = _take(taken)
+
+
+@jit
+def combine(y, beta, partials, used):
+    """``y = beta y + sum(partials[:used])``, ``y`` not read where ``beta`` is 0 (BLAS's rule)."""
+    for i in range(y.size):
+        total = np.float32(0.0)
+        for s in range(used):
+            total += partials[s, i]
+        y[i] = total if beta == 0 else beta * y[i] + total
+
+
+@jit
+def wait_taken(taken, done, blocks, spins):
+    """Spin until every block taken from ``taken`` is in ``done``; False after ``spins`` reads."""
+    target = min(_read(taken), blocks)
+    for _ in range(spins):
+        if _read(done) >= target:
+            return True
+    return _read(done) >= target
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's cache) the loop now, and check it on a small case."""
+    rng = np.random.default_rng(0)
+    rows, cols = 37, 21
+    a = rng.standard_normal(rows * cols).astype(np.float32)  # column-major rows x cols
+    matrix = a.reshape(cols, rows).T.astype(np.float64)
+    for trans, n_in, want_of in ((NO, cols, matrix), (YES, rows, matrix.T)):
+        x = rng.standard_normal(n_in).astype(np.float32)
+        y = np.ones(want_of.shape[0], dtype=np.float32)
+        partials = np.empty((2, rows), dtype=np.float32)
+        taken, done, slots = (np.zeros(1, dtype=np.int64) for _ in range(3))
+        if trans == YES:
+            y *= np.float32(0.5)
+        pull_rows(taken, done, 3, trans, rows, cols, np.float32(2.0), a, rows, x, y, partials, slots)
+        if not wait_taken(taken, done, 3, 10):
+            raise RuntimeError("the compiled pulled GEMV lost a block here")
+        if trans == NO:
+            combine(y, np.float32(0.5), partials, slots[0])
+        want = 2.0 * (want_of @ x.astype(np.float64)) + 0.5
+        if not np.allclose(y, want, rtol=1e-5, atol=1e-5):
+            raise RuntimeError("the compiled pulled GEMV gives wrong results here")
