@@ -9,10 +9,11 @@ columns (or rows, for tall C), one per worker thread, each a single-threaded BLA
 batched GEMMs split batches the same way. A float32 GEMV with unit-stride vectors (a
 decoding step's products) runs instead as one compiled loop per thread pulling blocks of
 the matrix's columns (:mod:`._kgemv`): GPT-2-small's step took 0.88-0.95 of its time with
-the two halves as Python tasks (paired runs in one process), 0.92-0.98 on one thread. OpenBLAS's threads spin for a while after each
-call, so letting it thread while the backend's own workers run the convolutions,
-attention and element-wise ops between GEMMs puts two busy pools on the same cores: on a
-2-core machine a BERT-base encoder ran 4-5x slower that way than with one pool.
+the two halves as Python tasks (paired runs in one process), 0.92-0.98 on one thread.
+OpenBLAS's threads spin for a while after each call, so letting it thread while the
+backend's own workers run the convolutions, attention and element-wise ops between GEMMs
+puts two busy pools on the same cores: on a 2-core machine a BERT-base encoder ran 4-5x
+slower that way than with one pool.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from .._common import round_up
 from ._blas import gemm_at, gemv_at
 from ._gemm_dense import dense_batched, weight_panel
 from ._plumbing import CpuPlumbing, FloatArray
-from ._runtime import kernels, parallel_pull, single_threaded_blas, submit, workers
+from ._runtime import kernels, parallel_pull, single_threaded_blas, workers
 
 __all__ = ["GemmOps"]
 
@@ -42,8 +43,6 @@ BATCH_GRAIN_FLOPS = 1 << 21
 SPLIT_MACS = 1 << 18
 #: Split points fall on multiples of this many columns / rows (BLAS kernels' unrolling).
 SPLIT_ALIGN = 16
-#: Reads of the block counter a pulled GEMV's caller spins for before blocking on the worker.
-WAIT_SPINS = 1 << 20
 
 
 def split_gemm(p: v.GemmProblem) -> None:
@@ -126,10 +125,7 @@ def _pulled_gemv(p: v.GemmProblem) -> bool:
         flat(matrix, F32), lda, flat(vector, F32), y, partials, slots,
     )  # fmt: skip
     with single_threaded_blas():
-        helper = submit(compiled.pull_rows, *args) if blocks > 1 and workers() > 1 else None
-        compiled.pull_rows(*args)
-        if helper is not None and not compiled.wait_taken(taken, done, blocks, WAIT_SPINS):
-            helper.result()  # a worker still in its block after the spins: block on it
+        compiled.run_pulled(compiled.pull_rows, args, taken, done, blocks, 2)
     if not trans:
         compiled.combine(y, np.float32(p.beta), partials, int(slots[0]))
     return True

@@ -23,16 +23,11 @@ against 83; 69 with ``OMP_WAIT_POLICY=PASSIVE``), and GNU OpenMP is not fork-saf
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
-from llvmlite import ir
-from numba import types
-from numba.extending import intrinsic
 
 from ._kgemm import ROWS, pack_filter, pixel_block, product_packed
+from ._kpull import finish, run_pulled, take
 from ._nb import jit
-from ._runtime import on_every_thread
 
 __all__ = ["BLOCKS", "pointwise_image", "pull_blocks", "warm_up"]
 
@@ -40,24 +35,12 @@ __all__ = ["BLOCKS", "pointwise_image", "pull_blocks", "warm_up"]
 BLOCKS = 8
 
 
-@intrinsic
-def _take(typingctx: Any, counter: Any) -> Any:
-    """``counter[0]`` before adding one to it, atomically (an int64 array of one)."""
-    sig = types.int64(counter)
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        array = context.make_array(signature.args[0])(context, builder, args[0])
-        return builder.atomic_rmw("add", array.data, ir.IntType(64)(1), "seq_cst")
-
-    return sig, codegen
-
-
 @jit
-def pull_blocks(counter, blocks, f, start, k, c, packed, pbias, x, pixels, y, block, chunk, r, mode):
+def pull_blocks(counter, done, blocks, f, start, k, c, packed, pbias, x, pixels, y, block, chunk, r, mode):
     """Take blocks from ``counter`` until none is left; block ``t`` is panels ``t * per ..``."""
     panels = (k + ROWS - 1) // ROWS
     per = (panels + blocks - 1) // blocks
-    t = _take(counter)
+    t = take(counter)
     while t < blocks:
         p0 = t * per
         p1 = min(panels, p0 + per)
@@ -69,7 +52,8 @@ def pull_blocks(counter, blocks, f, start, k, c, packed, pbias, x, pixels, y, bl
                 packed, pbias, p0, k1 - k0, c, x, 0, pixels, y, k0 * pixels, pixels, pixels, block, chunk,
                 r, mode,
             )  # fmt: skip
-        t = _take(counter)
+        finish(done)
+        t = take(counter)
 
 
 def pointwise_image(f, start, k, c, x, pixels, y, chunk, r, mode, threads=None):
@@ -82,11 +66,11 @@ def pointwise_image(f, start, k, c, x, pixels, y, chunk, r, mode, threads=None):
     panels = -(-k // ROWS)
     packed = np.empty(panels * ROWS * c, dtype=np.float32)
     pbias = np.empty(panels * ROWS, dtype=np.float32)
-    counter = np.zeros(1, dtype=np.int64)
+    counter, done = np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64)
     blocks = min(BLOCKS, panels)
     block = pixel_block(min(c, chunk))
-    args = (counter, blocks, f, start, k, c, packed, pbias, x, pixels, y, block, chunk, r, mode)
-    on_every_thread(pull_blocks, *args, threads=min(blocks, threads or blocks))
+    args = (counter, done, blocks, f, start, k, c, packed, pbias, x, pixels, y, block, chunk, r, mode)
+    run_pulled(pull_blocks, args, counter, done, blocks, threads or blocks)
 
 
 def warm_up() -> None:

@@ -9,7 +9,7 @@ on one thread). A worker woken from a halted vCPU starts 50-130 us late, and the
 handed the GIL back and forth for their Python work. Here the caller and a worker enter
 one compiled call each (:func:`pull_rows`, without the GIL) and take blocks of the output
 from a shared counter (an atomic add); a worker that starts late takes fewer blocks, or
-none. The caller then waits only for blocks a worker has taken (:func:`wait_taken`), never
+none. The caller then waits only for blocks a worker has taken (:mod:`._kpull`), never
 for a worker that has not started: its task finds no block left and returns.
 
 Each block is one ``sgemv`` through numba's ``numba_xxgemv`` (SciPy's OpenBLAS, one
@@ -22,17 +22,12 @@ dot product of the whole row, as in the unsplit call.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
-from llvmlite import ir
-from numba import types
-from numba.extending import intrinsic
 
-from ._kgemm_par import _take
+from ._kpull import finish, run_pulled, take, wait_taken
 from ._nb import NO, YES, jit, sgemv
 
-__all__ = ["ALIGN", "BLOCK_BYTES", "MAX_BLOCKS", "NO", "YES", "combine", "pull_rows", "wait_taken", "warm_up"]
+__all__ = ["ALIGN", "BLOCK_BYTES", "MAX_BLOCKS", "NO", "YES", "combine", "pull_rows", "run_pulled", "warm_up"]
 
 #: Output elements of a block are a multiple of this (BLAS kernels' unrolling).
 ALIGN = 16
@@ -40,31 +35,6 @@ ALIGN = 16
 BLOCK_BYTES = 1 << 20
 #: Most blocks of one GEMV.
 MAX_BLOCKS = 8
-
-
-@intrinsic
-def _read(typingctx: Any, counter: Any) -> Any:
-    """``counter[0]``, read atomically (acquire) so that a spinning loop sees other threads' adds."""
-    sig = types.int64(counter)
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        array = context.make_array(signature.args[0])(context, builder, args[0])
-        return builder.load_atomic(array.data, "acquire", 8)
-
-    return sig, codegen
-
-
-@intrinsic
-def _add(typingctx: Any, counter: Any) -> Any:
-    """``counter[0] += 1`` atomically (release: the block's stores are visible first)."""
-    sig = types.void(counter)
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        array = context.make_array(signature.args[0])(context, builder, args[0])
-        builder.atomic_rmw("add", array.data, ir.IntType(64)(1), "release")
-        return context.get_dummy_value()
-
-    return sig, codegen
 
 
 @jit
@@ -83,7 +53,7 @@ def pull_rows(taken, done, blocks, trans, rows, cols, alpha, a, lda, x, y, parti
     out = cols
     per = ((out + blocks - 1) // blocks + ALIGN - 1) // ALIGN * ALIGN
     slot = -1
-    t = _take(taken)
+    t = take(taken)
     while t < blocks:
         o0 = t * per
         o1 = min(out, o0 + per)
@@ -93,15 +63,15 @@ def pull_rows(taken, done, blocks, trans, rows, cols, alpha, a, lda, x, y, parti
         else:
             first = slot < 0
             if first:
-                slot = _take(slots)
+                slot = take(slots)
             if o0 < o1:
                 part = partials[slot]
                 beta = np.float32(0.0) if first else np.float32(1.0)
                 sgemv(NO, rows, o1 - o0, alpha, a, o0 * lda, lda, x, o0, beta, part, 0)
             elif first:
                 partials[slot][:] = 0.0
-        _add(done)
-        t = _take(taken)
+        finish(done)
+        t = take(taken)
 
 
 @jit
@@ -112,16 +82,6 @@ def combine(y, beta, partials, used):
         for s in range(used):
             total += partials[s, i]
         y[i] = total if beta == 0 else beta * y[i] + total
-
-
-@jit
-def wait_taken(taken, done, blocks, spins):
-    """Spin until every block taken from ``taken`` is in ``done``; False after ``spins`` reads."""
-    target = min(_read(taken), blocks)
-    for _ in range(spins):
-        if _read(done) >= target:
-            return True
-    return _read(done) >= target
 
 
 def warm_up() -> None:
