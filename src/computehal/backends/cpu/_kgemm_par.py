@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._kgemm import ROWS, pack_filter, pixel_block, product_packed
-from ._kpull import finish, run_pulled, take
+from ._kpull import run_pulled, take
 from ._nb import jit
 
 __all__ = ["BLOCKS", "pointwise_image", "pull_blocks", "warm_up"]
@@ -52,7 +52,7 @@ def pull_blocks(counter, done, blocks, f, start, k, c, packed, pbias, x, pixels,
                 packed, pbias, p0, k1 - k0, c, x, 0, pixels, y, k0 * pixels, pixels, pixels, block, chunk,
                 r, mode,
             )  # fmt: skip
-        finish(done)
+        take(done)
         t = take(counter)
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._kpull import finish, run_pulled, take, wait_taken
+from ._kpull import run_pulled, take, wait_taken
 from ._nb import NO, YES, jit, sgemv
 
 __all__ = ["ALIGN", "BLOCK_BYTES", "MAX_BLOCKS", "NO", "YES", "combine", "pull_rows", "run_pulled", "warm_up"]
@@ -70,7 +70,7 @@ def pull_rows(taken, done, blocks, trans, rows, cols, alpha, a, lda, x, y, parti
                 sgemv(NO, rows, o1 - o0, alpha, a, o0 * lda, lda, x, o0, beta, part, 0)
             elif first:
                 partials[slot][:] = 0.0
-        finish(done)
+        take(done)
         t = take(taken)
 
 

@@ -2,12 +2,13 @@
 
 A kernel split over the backend's threads runs as one compiled call per thread (without
 the GIL) that takes block numbers from a shared counter (:func:`take`, an atomic add) and
-counts each finished block (:func:`finish`). The caller starts the workers' calls
-(:func:`._runtime.submit`), runs its own, and then waits only until every block taken so
-far is finished (:func:`wait_taken`): a worker woken late from a halted vCPU (50-130 us on
-the project's 2-vCPU VM) finds no block left and returns, and the call does not wait for it.
-Loops that follow this pattern touch their operands only inside blocks, so a late worker
-never reads or writes memory after the call has returned.
+counts each finished block on a second counter (:func:`take` again, its value unused).
+The caller starts the workers' calls (:func:`._runtime.submit`), runs its own, and then
+waits only until every block taken so far is finished (:func:`wait_taken`): a worker woken
+late from a halted vCPU (50-130 us on the project's 2-vCPU VM) finds no block left and
+returns, and the call does not wait for it. Loops that follow this pattern touch their
+operands only inside blocks, so a late worker never reads or writes memory after the call
+has returned.
 """
 
 # Function bodies are LLVM IR builders and numba nopython code, which mypy cannot type.
@@ -26,7 +27,7 @@ from numba.extending import intrinsic
 from ._nb import jit
 from ._runtime import submit, workers
 
-__all__ = ["WAIT_SPINS", "finish", "run_pulled", "take", "wait_taken", "warm_up"]
+__all__ = ["WAIT_SPINS", "run_pulled", "take", "wait_taken", "warm_up"]
 
 #: Reads of the counters a caller spins for before blocking on its workers' tasks.
 WAIT_SPINS = 1 << 20
@@ -40,19 +41,6 @@ def take(typingctx: Any, counter: Any) -> Any:
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         array = context.make_array(signature.args[0])(context, builder, args[0])
         return builder.atomic_rmw("add", array.data, ir.IntType(64)(1), "seq_cst")
-
-    return sig, codegen
-
-
-@intrinsic
-def finish(typingctx: Any, counter: Any) -> Any:
-    """``counter[0] += 1`` atomically (release: the block's stores are visible first)."""
-    sig = types.void(counter)
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        array = context.make_array(signature.args[0])(context, builder, args[0])
-        builder.atomic_rmw("add", array.data, ir.IntType(64)(1), "release")
-        return context.get_dummy_value()
 
     return sig, codegen
 
@@ -85,7 +73,7 @@ def run_pulled(
     """``call(*args)`` here and on ``threads - 1`` workers; return once every taken block is done.
 
     ``call`` takes blocks from ``taken`` (:func:`take`) while fewer than ``blocks`` are
-    taken and counts each finished one in ``done`` (:func:`finish`). A worker still inside
+    taken and counts each finished one in ``done`` (:func:`take` too). A worker still inside
     a block after :data:`WAIT_SPINS` reads is waited for on its task.
     """
     count = max(1, min(threads, blocks, workers()))
