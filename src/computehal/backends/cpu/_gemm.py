@@ -125,7 +125,7 @@ def _pulled_gemv(p: v.GemmProblem) -> bool:
         flat(matrix, F32), lda, flat(vector, F32), y, partials, slots,
     )  # fmt: skip
     with single_threaded_blas():
-        compiled.run_pulled(compiled.pull_rows, args, taken, done, blocks, 2)
+        compiled.run_pulled(compiled.pull_columns, args, taken, done, blocks, 2)
     if not trans:
         compiled.combine(y, np.float32(p.beta), partials, int(slots[0]))
     return True

@@ -3,18 +3,22 @@
 A transformer's decoding step is matrix-vector products: every weight matrix is read
 once per step, so the step runs at the memory's speed if both cores stream their share.
 Split in two halves by Python tasks (one ``?gemv`` call each), the second core cost more
-than it gave on one 2-vCPU host (a 9.4 MB GEMV after a large copy: 1.31-1.36 ms on two
-threads against 0.85-0.90 on one; the whole GPT-2-small step 0.92 of the two-thread time
-on one thread). A worker woken from a halted vCPU starts 50-130 us late, and the halves
-handed the GIL back and forth for their Python work. Here the caller and a worker enter
-one compiled call each (:func:`pull_rows`, without the GIL) and take blocks of the output
-from a shared counter (an atomic add); a worker that starts late takes fewer blocks, or
-none. The caller then waits only for blocks a worker has taken (:mod:`._kpull`), never
+than it gave on one 2-vCPU host (a 9.4 MB GEMV after a large copy: 1.27-1.36 ms on two
+threads against 0.85-0.90 on one; the whole GPT-2-small step 0.92-0.98 of the two-thread
+time on one thread). The halves were blocks of rows of a column-major matrix (``cols``
+short strided segments each: 16 such blocks on one thread took 1.5 times one call), a
+worker woken from a halted vCPU starts 50-130 us late, and the halves handed the GIL back
+and forth for their Python work. Here the caller and a worker enter one compiled call
+each (:func:`pull_columns`, without the GIL) and take blocks of the matrix's *columns*
+(contiguous memory) from a shared counter; a worker that starts late takes fewer blocks,
+or none. The caller then waits only for blocks a worker has taken (:mod:`._kpull`), never
 for a worker that has not started: its task finds no block left and returns.
 
 Each block is one ``sgemv`` through numba's ``numba_xxgemv`` (SciPy's OpenBLAS, one
-thread), on a block of rows of ``op(A)``, so every output element is the BLAS routine's own
-dot product of the whole row, as in the unsplit call.
+thread). For ``op(A) = A^T`` a block of columns is a block of outputs. For ``op(A) = A``
+it is a slice of every output's sum: each thread adds its blocks into its own partial
+result, and :func:`combine` adds the (at most two) partials into ``y``, so an output is
+the sum of BLAS's partial dot products rather than one (float32 rounding either way).
 """
 
 # Function bodies are LLVM IR builders and numba nopython code, which mypy cannot type.
@@ -27,7 +31,17 @@ import numpy as np
 from ._kpull import run_pulled, take, wait_taken
 from ._nb import NO, YES, jit, sgemv
 
-__all__ = ["ALIGN", "BLOCK_BYTES", "MAX_BLOCKS", "NO", "YES", "combine", "pull_rows", "run_pulled", "warm_up"]
+__all__ = [
+    "ALIGN",
+    "BLOCK_BYTES",
+    "MAX_BLOCKS",
+    "NO",
+    "YES",
+    "combine",
+    "pull_columns",
+    "run_pulled",
+    "warm_up",
+]
 
 #: Output elements of a block are a multiple of this (BLAS kernels' unrolling).
 ALIGN = 16
@@ -38,13 +52,13 @@ MAX_BLOCKS = 8
 
 
 @jit
-def pull_rows(taken, done, blocks, trans, rows, cols, alpha, a, lda, x, y, partials, slots):
+def pull_columns(taken, done, blocks, trans, rows, cols, alpha, a, lda, x, y, partials, slots):
     """Take blocks from ``taken`` until none is left; each finished block adds one to ``done``.
 
     ``alpha op(A) x`` with ``A`` column-major ``rows x cols`` (leading dimension ``lda``)
     from ``a[0]``, ``x`` of unit stride. Every block reads whole columns of ``A`` (contiguous
     memory; a block of rows of a column-major matrix is ``cols`` short strided segments,
-    which ran 1.7 times slower on one thread). ``trans`` :data:`._nb.YES`: block ``t`` is
+    which ran about 1.5 times slower on one thread). ``trans`` :data:`._nb.YES`: block ``t`` is
     the outputs ``y[t * per ..]`` (``beta`` already applied to ``y`` by the caller, so
     ``beta`` 1 here). :data:`._nb.NO`: block ``t`` is columns ``t * per ..``, summed into
     this thread's row of ``partials`` (``slots[0]`` hands out the rows), which the caller
@@ -97,7 +111,7 @@ def warm_up() -> None:
         taken, done, slots = (np.zeros(1, dtype=np.int64) for _ in range(3))
         if trans == YES:
             y *= np.float32(0.5)
-        pull_rows(taken, done, 3, trans, rows, cols, np.float32(2.0), a, rows, x, y, partials, slots)
+        pull_columns(taken, done, 3, trans, rows, cols, np.float32(2.0), a, rows, x, y, partials, slots)
         if not wait_taken(taken, done, 3, 10):
             raise RuntimeError("the compiled pulled GEMV lost a block here")
         if trans == NO:
