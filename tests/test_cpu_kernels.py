@@ -534,3 +534,42 @@ def test_global_means_f32(cols: int) -> None:
     tol = (cols / 16 + 4) * eps * np.abs(x[finite]).astype(np.float64).sum(axis=1) / cols * 1.01
     assert np.all(np.abs(out[finite] - want[finite]) <= tol + 1e-38)
     np.testing.assert_array_equal(out[~finite], want[~finite].astype(np.float32))
+
+
+@pytest.mark.parametrize("blocks", [1, 3, 7])
+def test_lrn_pulled_blocks_cover_every_piece_once(blocks: int) -> None:
+    """The vector LRN's pulled loop (one caller, one worker) over pieces in uneven blocks."""
+    import computehal.backends.cpu._klrn as L
+    from computehal.testing.reference import lrn
+
+    rng = np.random.default_rng(blocks)
+    x = rng.standard_normal((5, 11, 96)).astype(F32)
+    width = 32
+    count = 5 * 3  # three pieces of 32 pixels per image
+    taken, done = np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64)
+    out = np.full_like(x, np.nan)
+    L.run_pulled(
+        L.lrn_pulled, (taken, done, blocks, count, x, out, width, 5, 1e-2, 1.5), taken, done, blocks, 2
+    )
+    assert int(done[0]) == blocks
+    want = lrn(x.astype(F64), 5, 1e-2, 0.75, 1.5)
+    np.testing.assert_allclose(out, want, rtol=16 * 2.0**-23, atol=0)
+
+
+def test_lrn_through_the_backend_in_several_blocks() -> None:
+    """A float32 LRN large enough to be pulled in several blocks, against the float64 definition."""
+    from computehal.backends.cpu import CpuBackend
+    from computehal.testing.reference import lrn
+
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((4, 16, 64, 64)).astype(F32)
+    be = CpuBackend()
+    be.init()
+    with be:
+        xp, yp = be.alloc(x.nbytes), be.alloc(x.nbytes)
+        be.copy_htod(xp, x)
+        be.lrn(xp, yp, x.shape, 5, 1e-3, 0.75, 2.0)
+        got = np.empty_like(x)
+        be.copy_dtoh(got, yp)
+    want = lrn(x.reshape(4, 16, -1).astype(F64), 5, 1e-3, 0.75, 2.0).reshape(x.shape)
+    np.testing.assert_allclose(got, want, rtol=16 * 2.0**-23, atol=0)

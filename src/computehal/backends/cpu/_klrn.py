@@ -49,10 +49,11 @@ from numba import types
 from numba.core import cgutils, config
 from numba.extending import intrinsic
 
+from ._kpull import run_pulled, take
 from ._llvm import splat
 from ._nb import jit, wide_vectors
 
-__all__ = ["GROUP", "LANES", "lrn_pieces", "warm_up"]
+__all__ = ["GROUP", "LANES", "lrn_pieces", "lrn_pulled", "run_pulled", "warm_up"]
 
 #: Pixels per vector.
 LANES = 16
@@ -291,7 +292,23 @@ def lrn_pieces(x: Any, out: Any, k0: int, k1: int, width: int, size: int, alpha:
             _lrn_exact(x[i], out[i], body, j1, 0, channels, below, above, coeff, offset)
 
 
+@jit
+def lrn_pulled(taken, done, blocks, count, x, out, width, size, alpha, bias):
+    """:func:`lrn_pieces` over ``count`` pieces in ``blocks`` blocks taken from ``taken`` (:mod:`._kpull`)."""
+    per = (count + blocks - 1) // blocks
+    t = take(taken)
+    while t < blocks:
+        k0 = t * per
+        k1 = min(count, k0 + per)
+        if k0 < k1:
+            lrn_pieces(x, out, k0, k1, width, size, alpha, bias)
+        take(done)
+        t = take(taken)
+
+
 def warm_up() -> None:
-    """Compile (or load from numba's cache) the kernel."""
+    """Compile (or load from numba's cache) the kernels."""
     x = np.ones((1, 3, 20), dtype=np.float32)
     lrn_pieces(x, x.copy(), 0, 1, 20, 3, 1e-4, 1.0)
+    taken, done = np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64)
+    lrn_pulled(taken, done, 1, 1, x, x.copy(), 20, 3, 1e-4, 1.0)
