@@ -546,11 +546,8 @@ def test_lrn_pulled_blocks_cover_every_piece_once(blocks: int) -> None:
     x = rng.standard_normal((5, 11, 96)).astype(F32)
     width = 32
     count = 5 * 3  # three pieces of 32 pixels per image
-    taken, done = np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64)
     out = np.full_like(x, np.nan)
-    L.run_pulled(
-        L.lrn_pulled, (taken, done, blocks, count, x, out, width, 5, 1e-2, 1.5), taken, done, blocks, 2
-    )
+    taken, done = L.run_pulled(L.lrn_pulled, (count, x, out, width, 5, 1e-2, 1.5), blocks, 2)
     assert int(done[0]) == blocks
     want = lrn(x.astype(F64), 5, 1e-2, 0.75, 1.5)
     np.testing.assert_allclose(out, want, rtol=16 * 2.0**-23, atol=0)

@@ -111,21 +111,21 @@ def _pulled_gemv(p: v.GemmProblem) -> bool:
         return False
     blocks = min(compiled.MAX_BLOCKS, rows * cols * 4 // compiled.BLOCK_BYTES, ceil_div(cols, compiled.ALIGN))
     blocks = max(1, blocks)
-    y = CpuPlumbing._flat(p.c, F32)[: cols if trans else rows]
+    flat = CpuPlumbing._flat
+    y = flat(p.c, F32)[: cols if trans else rows]
     if trans:  # each block writes its outputs once: apply beta first (0: y is not read)
         if p.beta == 0:
             y[...] = 0
         elif p.beta != 1:
             y *= np.float32(p.beta)
     partials = np.empty((2, 0 if trans else rows), dtype=np.float32)
-    taken, done, slots = (np.zeros(1, dtype=np.int64) for _ in range(3))
-    flat = CpuPlumbing._flat
+    slots = np.zeros(1, dtype=np.int64)
     args = (
-        taken, done, blocks, compiled.YES if trans else compiled.NO, rows, cols, np.float32(p.alpha),
+        compiled.YES if trans else compiled.NO, rows, cols, np.float32(p.alpha),
         flat(matrix, F32), lda, flat(vector, F32), y, partials, slots,
     )  # fmt: skip
     with single_threaded_blas():
-        compiled.run_pulled(compiled.pull_columns, args, taken, done, blocks, 2)
+        compiled.run_pulled(compiled.pull_columns, args, blocks, 2)
     if not trans:
         compiled.combine(y, np.float32(p.beta), partials, int(slots[0]))
     return True

@@ -66,11 +66,10 @@ def pointwise_image(f, start, k, c, x, pixels, y, chunk, r, mode, threads=None):
     panels = -(-k // ROWS)
     packed = np.empty(panels * ROWS * c, dtype=np.float32)
     pbias = np.empty(panels * ROWS, dtype=np.float32)
-    counter, done = np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64)
     blocks = min(BLOCKS, panels)
     block = pixel_block(min(c, chunk))
-    args = (counter, done, blocks, f, start, k, c, packed, pbias, x, pixels, y, block, chunk, r, mode)
-    run_pulled(pull_blocks, args, counter, done, blocks, threads or blocks)
+    args = (f, start, k, c, packed, pbias, x, pixels, y, block, chunk, r, mode)
+    run_pulled(pull_blocks, args, blocks, threads or blocks)
 
 
 def warm_up() -> None:

@@ -53,7 +53,7 @@ from ._kpull import run_pulled, take
 from ._llvm import splat
 from ._nb import jit, wide_vectors
 
-__all__ = ["GROUP", "LANES", "lrn_pieces", "lrn_pulled", "run_pulled", "warm_up"]
+__all__ = ["GROUP", "LANES", "lrn_all", "lrn_pieces", "lrn_pulled", "run_pulled", "warm_up"]
 
 #: Pixels per vector.
 LANES = 16
@@ -294,7 +294,7 @@ def lrn_pieces(x: Any, out: Any, k0: int, k1: int, width: int, size: int, alpha:
 
 @jit
 def lrn_pulled(taken, done, blocks, count, x, out, width, size, alpha, bias):
-    """:func:`lrn_pieces` over ``count`` pieces in ``blocks`` blocks taken from ``taken`` (:mod:`._kpull`)."""
+    """:func:`lrn_pieces` over ``count`` pieces in ``blocks`` blocks (:func:`._kpull.run_pulled`)."""
     per = (count + blocks - 1) // blocks
     t = take(taken)
     while t < blocks:
@@ -306,9 +306,15 @@ def lrn_pulled(taken, done, blocks, count, x, out, width, size, alpha, bias):
         t = take(taken)
 
 
+def lrn_all(
+    x: Any, out: Any, count: int, width: int, size: int, alpha: float, bias: float, blocks: int
+) -> None:
+    """:func:`lrn_pieces` over all ``count`` pieces, pulled in ``blocks`` blocks by every thread."""
+    run_pulled(lrn_pulled, (count, x, out, width, size, alpha, bias), blocks, blocks)
+
+
 def warm_up() -> None:
     """Compile (or load from numba's cache) the kernels."""
     x = np.ones((1, 3, 20), dtype=np.float32)
     lrn_pieces(x, x.copy(), 0, 1, 20, 3, 1e-4, 1.0)
-    taken, done = np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64)
-    lrn_pulled(taken, done, 1, 1, x, x.copy(), 20, 3, 1e-4, 1.0)
+    lrn_all(x, x.copy(), 1, 20, 3, 1e-4, 1.0, 1)

@@ -1,9 +1,11 @@
 """Compiled loops pulled by several threads: a shared block counter, and waiting only for blocks taken.
 
 A kernel split over the backend's threads runs as one compiled call per thread (without
-the GIL) that takes block numbers from a shared counter (:func:`take`, an atomic add) and
-counts each finished block on a second counter (:func:`take` again, its value unused).
-The caller starts the workers' calls (:func:`._runtime.submit`), runs its own, and then
+the GIL) that takes block numbers from a shared counter (:func:`take`, an atomic add)
+while they are below ``blocks`` and counts each finished block on a second one (:func:`take`
+again, its value unused); a numba generator would hold that loop once, but a function
+using one failed to load from numba's cache. :func:`run_pulled` makes the counters, starts the workers' calls
+(:func:`._runtime.submit`), runs its own, and then
 waits only until every block taken so far is finished (:func:`wait_taken`): a worker woken
 late from a halted vCPU (50-130 us on the project's 2-vCPU VM) finds no block left and
 returns, and the call does not wait for it. Loops that follow this pattern touch their
@@ -68,24 +70,36 @@ def wait_taken(taken, done, blocks, spins):
 
 
 def run_pulled(
-    call: Callable[..., object], args: tuple[Any, ...], taken: Any, done: Any, blocks: int, threads: int
-) -> None:
-    """``call(*args)`` here and on ``threads - 1`` workers; return once every taken block is done.
+    call: Callable[..., object], args: tuple[Any, ...], blocks: int, threads: int
+) -> tuple[Any, Any]:
+    """``call(taken, done, blocks, *args)`` here and on ``threads - 1`` workers, until all are done.
 
-    ``call`` takes blocks from ``taken`` (:func:`take`) while fewer than ``blocks`` are
-    taken and counts each finished one in ``done`` (:func:`take` too). A worker still inside
-    a block after :data:`WAIT_SPINS` reads is waited for on its task.
+    ``call`` takes blocks from ``taken`` and counts each finished one in ``done``, the two
+    counters made here (returned, for tests). A worker still inside a block after :data:`WAIT_SPINS`
+    reads is waited for on its task.
     """
+    taken, done = np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64)
+    full = (taken, done, blocks, *args)
     count = max(1, min(threads, blocks, workers()))
-    helpers = [submit(call, *args) for _ in range(count - 1)]
-    call(*args)
+    helpers = [submit(call, *full) for _ in range(count - 1)]
+    call(*full)
     if helpers and not wait_taken(taken, done, blocks, WAIT_SPINS):
         for helper in helpers:
             helper.result()
+    return taken, done
 
 
 def warm_up() -> None:
-    """Compile (or load from numba's cache) the waiting loop now."""
-    counter = np.ones(1, dtype=np.int64)
-    if not wait_taken(counter, counter, 1, 1):
+    """Compile (or load from numba's cache) the counters' loops now, and check them."""
+    taken, done = run_pulled(_count_blocks, (np.zeros(3, dtype=np.int64),), 3, 1)
+    if int(taken[0]) != 4 or int(done[0]) != 3 or not wait_taken(taken, done, 3, 1):
         raise RuntimeError("the compiled block counters do not work here")
+
+
+@jit
+def _count_blocks(taken, done, blocks, seen):
+    t = take(taken)
+    while t < blocks:
+        seen[t] += 1
+        take(done)
+        t = take(taken)

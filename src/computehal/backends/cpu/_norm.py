@@ -136,9 +136,7 @@ class NormOps(CpuPlumbing):
             count = p.n * ceil_div(p.spatial, per_piece)
             # Pieces pulled in blocks by one compiled call per thread (a late worker takes fewer).
             blocks = min(count, LRN_BLOCKS_PER_THREAD * workers(), max(1, x.size // PARALLEL_THRESHOLD))
-            taken, done = np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64)
-            args = (taken, done, blocks, count, x, out, per_piece, p.size, p.alpha, p.bias)
-            lanes.run_pulled(lanes.lrn_pulled, args, taken, done, blocks, workers())
+            lanes.lrn_all(x, out, count, per_piece, p.size, p.alpha, p.bias, blocks)
             return
         width = LRN_WIDTH if fast and not stream else max(1, NORM_BLOCK // max(1, p.c))
         pieces = [(i, s0) for i in range(p.n) for s0 in range(0, p.spatial, width)]
