@@ -109,25 +109,10 @@ def _pulled_gemv(p: v.GemmProblem) -> bool:
     compiled = kernels("_kgemv") if p.dtype == F32 and inc == inc_out == 1 else None
     if compiled is None:
         return False
-    blocks = min(compiled.MAX_BLOCKS, rows * cols * 4 // compiled.BLOCK_BYTES, ceil_div(cols, compiled.ALIGN))
-    blocks = max(1, blocks)
     flat = CpuPlumbing._flat
     y = flat(p.c, F32)[: cols if trans else rows]
-    if trans:  # each block writes its outputs once: apply beta first (0: y is not read)
-        if p.beta == 0:
-            y[...] = 0
-        elif p.beta != 1:
-            y *= np.float32(p.beta)
-    partials = np.empty((2, 0 if trans else rows), dtype=np.float32)
-    slots = np.zeros(1, dtype=np.int64)
-    args = (
-        compiled.YES if trans else compiled.NO, rows, cols, np.float32(p.alpha),
-        flat(matrix, F32), lda, flat(vector, F32), y, partials, slots,
-    )  # fmt: skip
     with single_threaded_blas():
-        compiled.run_pulled(compiled.pull_columns, args, blocks, 2)
-    if not trans:
-        compiled.combine(y, np.float32(p.beta), partials, int(slots[0]))
+        compiled.gemv(trans, rows, cols, p.alpha, flat(matrix, F32), lda, flat(vector, F32), p.beta, y)
     return True
 
 

@@ -26,22 +26,14 @@ the sum of BLAS's partial dot products rather than one (float32 rounding either 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ._kpull import run_pulled, take
 from ._nb import NO, YES, jit, sgemv
 
-__all__ = [
-    "ALIGN",
-    "BLOCK_BYTES",
-    "MAX_BLOCKS",
-    "NO",
-    "YES",
-    "combine",
-    "pull_columns",
-    "run_pulled",
-    "warm_up",
-]
+__all__ = ["ALIGN", "BLOCK_BYTES", "MAX_BLOCKS", "combine", "gemv", "pull_columns", "warm_up"]
 
 #: Output elements of a block are a multiple of this (BLAS kernels' unrolling).
 ALIGN = 16
@@ -98,23 +90,38 @@ def combine(y, beta, partials, used):
         y[i] = total if beta == 0 else beta * y[i] + total
 
 
+def gemv(
+    trans: bool, rows: int, cols: int, alpha: float, a: Any, lda: int, x: Any, beta: float, y: Any
+) -> None:
+    """``y = alpha op(A) x + beta y``, ``A`` column-major ``rows x cols`` from ``a[0]``, by two threads.
+
+    ``x`` and ``y`` are 1-D float32 of unit stride from element 0; ``beta`` 0 never reads
+    ``y``. Blocks of about :data:`BLOCK_BYTES` of the matrix, at most :data:`MAX_BLOCKS`.
+    """
+    blocks = max(1, min(MAX_BLOCKS, rows * cols * 4 // BLOCK_BYTES, -(-cols // ALIGN)))
+    if trans:  # each block writes its outputs once: apply beta first (0: y is not read)
+        if beta == 0:
+            y[...] = 0
+        elif beta != 1:
+            y *= np.float32(beta)
+    partials = np.empty((2, 0 if trans else rows), dtype=np.float32)
+    slots = np.zeros(1, dtype=np.int64)
+    args = (YES if trans else NO, rows, cols, np.float32(alpha), a, lda, x, y, partials, slots)
+    run_pulled(pull_columns, args, blocks, 2)
+    if not trans:
+        combine(y, np.float32(beta), partials, int(slots[0]))
+
+
 def warm_up() -> None:
     """Compile (or load from numba's cache) the loop now, and check it on a small case."""
     rng = np.random.default_rng(0)
     rows, cols = 37, 21
     a = rng.standard_normal(rows * cols).astype(np.float32)  # column-major rows x cols
     matrix = a.reshape(cols, rows).T.astype(np.float64)
-    for trans, n_in, want_of in ((NO, cols, matrix), (YES, rows, matrix.T)):
+    for trans, n_in, want_of in ((False, cols, matrix), (True, rows, matrix.T)):
         x = rng.standard_normal(n_in).astype(np.float32)
         y = np.ones(want_of.shape[0], dtype=np.float32)
-        partials = np.empty((2, rows), dtype=np.float32)
-        slots = np.zeros(1, dtype=np.int64)
-        if trans == YES:
-            y *= np.float32(0.5)
-        args = (trans, rows, cols, np.float32(2.0), a, rows, x, y, partials, slots)
-        run_pulled(pull_columns, args, 3, 1)
-        if trans == NO:
-            combine(y, np.float32(0.5), partials, slots[0])
+        gemv(trans, rows, cols, 2.0, a, rows, x, 0.5, y)
         want = 2.0 * (want_of @ x.astype(np.float64)) + 0.5
         if not np.allclose(y, want, rtol=1e-5, atol=1e-5):
             raise RuntimeError("the compiled pulled GEMV gives wrong results here")

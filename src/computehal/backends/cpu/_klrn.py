@@ -53,7 +53,7 @@ from ._kpull import run_pulled, take
 from ._llvm import splat
 from ._nb import jit, wide_vectors
 
-__all__ = ["GROUP", "LANES", "lrn_all", "lrn_pieces", "lrn_pulled", "run_pulled", "warm_up"]
+__all__ = ["GROUP", "LANES", "lrn_all", "lrn_pieces", "lrn_pulled", "warm_up"]
 
 #: Pixels per vector.
 LANES = 16
